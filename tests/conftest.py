@@ -1,0 +1,18 @@
+"""Test-session set-up shared by every test.
+
+Eight simulated CPU devices are forced *before* JAX is imported, so sharded and
+unsharded results can be compared in one process. Unsharded code simply runs on the
+first device.
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flag = "--xla_force_host_platform_device_count=8"
+if _flag not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+import hypothesis  # noqa: E402
+
+hypothesis.settings.register_profile("rljax", max_examples=40, deadline=None, derandomize=True)
+hypothesis.settings.load_profile("rljax")
