@@ -1,0 +1,134 @@
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3) in Flax NNX, with an explicit KV cache."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax.models.config import ModelConfig
+from rljax.models.layers import DecoderLayer, RMSNorm, param, rope_cos_sin
+
+
+class KVCache(NamedTuple):
+  """Keys and values of every layer, k and v: [L,B,S_max,K,Dh] in the compute dtype."""
+
+  k: jax.Array
+  v: jax.Array
+
+
+def _layer_call(layer, x, cos, sin, mask):
+  return layer(x, cos, sin, mask)
+
+
+_remat_layer_call = nnx.remat(_layer_call)
+
+
+class Decoder(nnx.Module):
+  """Token embedding, L pre-norm blocks, final RMSNorm, lm head (tied or untied).
+
+  Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models",
+  arXiv:2302.13971 (Sec. 2.2: pre-normalisation with RMSNorm, SwiGLU, RoPE); the Qwen2
+  (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) variants add q/k/v biases and q/k
+  RMSNorm respectively.
+
+  Attention always takes explicit `positions` and an `attention_mask`, so left-padded
+  batches give the same outputs on their real tokens as unpadded ones.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = cfg.weight_dtype
+    self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
+    if not cfg.tie_embeddings:
+      self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+  def __call__(self, tokens_bs, *, positions, attention_mask):
+    """Full forward without cache.
+
+    Args:
+      tokens_bs: int [B,S].
+      positions: int [B,S] (RoPE positions; for left padding, count real tokens only).
+      attention_mask: [B,S], 1 = real token, 0 = padding.
+    Returns:
+      logits, float32 [B,S,V].
+    """
+    hidden = self.hidden_states(tokens_bs, positions=positions, attention_mask=attention_mask)
+    return self.logits_from_hidden(hidden)
+
+  def embed_tokens(self, tokens_bs):
+    return jnp.take(self.embed[...], tokens_bs, axis=0).astype(self.cfg.compute_dtype)
+
+  def hidden_states(self, tokens_bs, *, positions, attention_mask):
+    """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`."""
+    chex.assert_rank(tokens_bs, 2)
+    chex.assert_equal_shape([tokens_bs, positions, attention_mask])
+    s = tokens_bs.shape[1]
+    x = self.embed_tokens(tokens_bs)  # [B,S,D]
+    cos, sin = rope_cos_sin(positions, self.cfg)
+    causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
+    mask_bst = causal[None] & (attention_mask[:, None, :] > 0)  # [B,S,S]
+    call = _remat_layer_call if self.cfg.remat else _layer_call
+    for layer in self.layers:
+      x = call(layer, x, cos, sin, mask_bst)
+    return self.final_norm(x)
+
+  def lm_head_matrix(self):
+    """The output projection as [D,V] (the transposed embedding when tied)."""
+    return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+  def logits_from_hidden(self, hidden_bsd):
+    """lm head: [..., D] hidden -> float32 [..., V] logits (matmul in the compute dtype)."""
+    w = self.lm_head_matrix().astype(self.cfg.compute_dtype)
+    return jnp.einsum("...d,dv->...v", hidden_bsd.astype(w.dtype), w,
+                      preferred_element_type=jnp.float32)
+
+  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    """Zero KV cache for `batch_size` sequences of up to `max_len` tokens."""
+    c = self.cfg
+    shape = (c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
+    return KVCache(jnp.zeros(shape, c.compute_dtype), jnp.zeros(shape, c.compute_dtype))
+
+  def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
+    """Like `forward_cached` but returns final-normed hidden states [B,S,D] instead of logits.
+
+    Useful for prefill, where only the last position needs the lm head.
+    """
+    chex.assert_rank(tokens_bs, 2)
+    chex.assert_equal_shape([tokens_bs, positions])
+    b, s = tokens_bs.shape
+    s_max = cache.k.shape[2]
+    chex.assert_shape(kv_mask, (b, s_max))
+    x = self.embed_tokens(tokens_bs)  # [B,S,D]
+    cos, sin = rope_cos_sin(positions, self.cfg)
+    query_slot = start + jnp.arange(s)  # [S]
+    causal = jnp.arange(s_max)[None, :] <= query_slot[:, None]  # [S,S_max]
+    mask_bst = causal[None] & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
+    ck, cv = cache.k, cache.v
+    for i, layer in enumerate(self.layers):
+      x, ck, cv = layer.cached(x, cos, sin, mask_bst, ck, cv, i, start)
+    return self.final_norm(x), KVCache(ck, cv)
+
+  def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
+    """Forward S new tokens against a KV cache (prefill: S = prompt length; decode: S = 1).
+
+    Writes K/V of the new tokens into slots [start, start+S); query i attends slot j
+    iff kv_mask[b, j] and j <= start + i.
+
+    Args:
+      tokens_bs: int [B,S].
+      positions: int [B,S].
+      cache: `KVCache` with k, v [L,B,S_max,K,Dh].
+      start: int scalar (may be traced), first slot written.
+      kv_mask: [B,S_max], 1 = slot holds a real token (including the new ones).
+    Returns:
+      (logits float32 [B,S,V], updated cache).
+    """
+    hidden, cache = self.hidden_cached(
+        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask)
+    return self.logits_from_hidden(hidden), cache

@@ -1,0 +1,215 @@
+"""Building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+
+Every parameter carries logical axis names in its `out_sharding` metadata
+("vocab", "embed", "mlp", "heads", "kv_heads", "kv", "norm"); `rljax.parallel` maps
+them to mesh axes. No mesh axis is named here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.config import ModelConfig, RopeScaling
+
+_INIT_STD = 0.02
+
+
+def param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
+  """A parameter annotated with logical axis names (one per dimension)."""
+  assert len(axes) == len(shape), (shape, axes)
+  if init == "normal":
+    value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
+  elif init == "ones":
+    value = jnp.ones(shape, dtype)
+  else:
+    value = jnp.zeros(shape, dtype)
+  return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """Root-mean-square layer norm, y = x / sqrt(mean(x²) + ε) · g.
+
+  Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", arXiv:1910.07467, Eq. 4.
+
+  Note: the statistics are computed in float32 whatever the compute dtype; the
+  normalised activations are cast back to the input dtype before the gain, as in
+  `transformers`' LlamaRMSNorm.
+  """
+
+  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.eps = eps
+    self.scale = param(rngs, (dim,), ("norm",), param_dtype, init="ones")
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+    return y * self.scale[...].astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """RoPE inverse frequencies θ_i = theta^(-2i/Dh), optionally with Llama-3 scaling.
+
+  Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+  arXiv:2104.09864, Eq. 15. Llama-3 scaling: Dubey et al. 2024, "The Llama 3 Herd of
+  Models", arXiv:2407.21783 (Sec. 3.3), as implemented by `transformers`
+  (`_compute_llama3_parameters`).
+
+  Returns:
+    float32 [Dh/2].
+  """
+  inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+  inv = inv.astype(np.float32)
+  if scaling is None:
+    return inv
+  old_len = scaling.original_max_position_embeddings
+  low_wavelen = old_len / scaling.low_freq_factor
+  high_wavelen = old_len / scaling.high_freq_factor
+  wavelen = 2 * math.pi / inv
+  scaled = np.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+  smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+      scaling.high_freq_factor - scaling.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+  medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_cos_sin(positions_bs, cfg: ModelConfig):
+  """cos/sin tables for the given positions: float32 [B,S,Dh] each (halves repeated)."""
+  inv = jnp.asarray(rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+  freqs = positions_bs.astype(jnp.float32)[..., None] * inv  # [B,S,Dh/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B,S,Dh]
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_bshd, cos_bsd, sin_bsd):
+  """Rotates pairs (x_i, x_{i+Dh/2}) by position·θ_i (RoFormer Eq. 34, "rotate-half" layout).
+
+  Note: pairs are split in halves (the `transformers` layout), not interleaved as in
+  the paper; the two are the same up to a fixed permutation of the weights.
+  """
+  x = x_bshd.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  out = x * cos_bsd[:, :, None, :] + rotated * sin_bsd[:, :, None, :]
+  return out.astype(x_bshd.dtype)
+
+
+class Attention(nnx.Module):
+  """Causal grouped-query attention with RoPE, optional q/k bias and q/k RMSNorm.
+
+  Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Eq. 1;
+  grouped-query attention: Ainslie et al. 2023, arXiv:2305.13245 (Sec. 2.2).
+
+  Note: K/V heads are never repeated; queries are reshaped to [B,S,K,G,Dh] and
+  attend to their group's K/V head. Softmax runs in float32; masked scores are set to
+  the float32 minimum, so a fully masked query row gives a finite (uniform) output.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, h, k, dh, pd = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                       cfg.weight_dtype)
+    self.cfg = cfg
+    self.q = param(rngs, (d, h, dh), ("embed", "heads", "kv"), pd)
+    self.k = param(rngs, (d, k, dh), ("embed", "kv_heads", "kv"), pd)
+    self.v = param(rngs, (d, k, dh), ("embed", "kv_heads", "kv"), pd)
+    self.o = param(rngs, (h, dh, d), ("heads", "kv", "embed"), pd)
+    if cfg.attention_bias:
+      self.q_bias = param(rngs, (h, dh), ("heads", "kv"), pd, init="zeros")
+      self.k_bias = param(rngs, (k, dh), ("kv_heads", "kv"), pd, init="zeros")
+      self.v_bias = param(rngs, (k, dh), ("kv_heads", "kv"), pd, init="zeros")
+    if cfg.attention_out_bias:
+      self.o_bias = param(rngs, (d,), ("embed",), pd, init="zeros")
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(dh, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
+      self.k_norm = RMSNorm(dh, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
+
+  def qkv(self, x_bsd, cos, sin):
+    """Projects to queries [B,S,H,Dh] and keys/values [B,S,K,Dh], RoPE applied."""
+    dt = self.cfg.compute_dtype
+    q = jnp.einsum("bsd,dhe->bshe", x_bsd, self.q[...].astype(dt))
+    k = jnp.einsum("bsd,dke->bske", x_bsd, self.k[...].astype(dt))
+    v = jnp.einsum("bsd,dke->bske", x_bsd, self.v[...].astype(dt))
+    if self.cfg.attention_bias:
+      q = q + self.q_bias[...].astype(dt)
+      k = k + self.k_bias[...].astype(dt)
+      v = v + self.v_bias[...].astype(dt)
+    if self.cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+  def attend(self, q_bshe, k_btke, v_btke, mask_bst):
+    """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D]."""
+    b, s, h, dh = q_bshe.shape
+    kh = k_btke.shape[2]
+    chex.assert_shape(mask_bst, (b, s, k_btke.shape[1]))
+    q = q_bshe.reshape(b, s, kh, h // kh, dh) * jnp.asarray(dh ** -0.5, q_bshe.dtype)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k_btke,
+                        preferred_element_type=jnp.float32)  # [B,K,G,S,T]
+    scores = jnp.where(mask_bst[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_btke.dtype)
+    out = jnp.einsum("bkgst,btkd->bskgd", probs, v_btke).reshape(b, s, h, dh)
+    dt = self.cfg.compute_dtype
+    y = jnp.einsum("bshe,hed->bsd", out, self.o[...].astype(dt))  # [B,S,D]
+    if self.cfg.attention_out_bias:
+      y = y + self.o_bias[...].astype(dt)
+    return y
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward, down(silu(x W_gate) ⊙ x W_up).
+
+  Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202, Eq. 6 (FFN_SwiGLU).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.weight_dtype
+    self.dtype = cfg.compute_dtype
+    self.gate = param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.up = param(rngs, (d, f), ("embed", "mlp"), pd)
+    self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
+
+  def __call__(self, x_bsd):
+    dt = self.dtype
+    g = x_bsd @ self.gate[...].astype(dt)  # [B,S,F]
+    u = x_bsd @ self.up[...].astype(dt)  # [B,S,F]
+    return (jax.nn.silu(g) * u) @ self.down[...].astype(dt)  # [B,S,D]
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + Attn(norm(x)), then x + MLP(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = cfg.weight_dtype
+    self.attn_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_bsd, cos, sin, mask_bst):
+    """Full (uncached) block over S tokens; mask_bst [B,S,S] bool."""
+    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
+    x_bsd = x_bsd + self.attn.attend(q, k, v, mask_bst)
+    return x_bsd + self.mlp(self.mlp_norm(x_bsd))
+
+  def cached(self, x_bsd, cos, sin, mask_bst, cache_k, cache_v, layer, start):
+    """Block over S new tokens that writes K/V into slots [start, start+S) of layer `layer`.
+
+    Args:
+      cache_k, cache_v: [L,B,S_max,K,Dh] for all layers.
+      mask_bst: [B,S,S_max] bool.
+    Returns:
+      (x [B,S,D], cache_k, cache_v) with this layer's slots updated.
+    """
+    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
+    idx = (layer, 0, start, 0, 0)
+    cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), idx)
+    cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), idx)
+    x_bsd = x_bsd + self.attn.attend(q, cache_k[layer], cache_v[layer], mask_bst)
+    return x_bsd + self.mlp(self.mlp_norm(x_bsd)), cache_k, cache_v

@@ -1,0 +1,99 @@
+"""Decoder: KV-cache prefill + decode equals the full forward; masking; remat; bf16."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.models import Decoder, ModelConfig
+
+CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True, qk_norm=True)
+
+
+def _left_padded(rng, b, p, t, vocab):
+  """Prompts of varied length left-padded to P, then T completion tokens."""
+  lengths = np.array([p, p - 2, 1, p - 3])[:b]
+  prompt_mask = (np.arange(p)[None] >= p - lengths[:, None]).astype(np.int32)
+  tokens = rng.integers(0, vocab, size=(b, p + t)).astype(np.int32)
+  mask = np.concatenate([prompt_mask, np.ones((b, t), np.int32)], axis=1)
+  tokens = tokens * mask  # pad id 0
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+  return jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask)
+
+
+def _randomize(model, seed):
+  """Replace the zero/one initialised biases and norms so every path is exercised."""
+  state = nnx.state(model, nnx.Param)
+  leaves, tree = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  nnx.update(model, jax.tree.unflatten(tree, leaves))
+  return model
+
+
+@nnx.jit
+def _full(model, tokens, positions, mask):
+  return model(tokens, positions=positions, attention_mask=mask)
+
+
+@nnx.jit
+def _cached(model, tokens, positions, cache, start, kv_mask):
+  return model.forward_cached(tokens, positions=positions, cache=cache, start=start,
+                              kv_mask=kv_mask)
+
+
+def test_kv_cache_decode_equals_full_forward_left_padded():
+  model = _randomize(Decoder(CFG, rngs=nnx.Rngs(0)), 1)
+  b, p, t, s_max = 4, 6, 5, 16
+  tokens, positions, mask = _left_padded(np.random.default_rng(0), b, p, t, CFG.vocab_size)
+  full = np.asarray(_full(model, tokens, positions, mask))
+  kv_mask = jnp.zeros((b, s_max), jnp.int32).at[:, :p].set(mask[:, :p])
+  cache = model.init_cache(b, s_max)
+  logits, cache = _cached(model, tokens[:, :p], positions[:, :p], cache, jnp.int32(0), kv_mask)
+  real = np.asarray(mask[:, :p], bool)
+  np.testing.assert_allclose(np.asarray(logits)[real], full[:, :p][real], atol=1e-5, rtol=1e-5)
+  for i in range(p, p + t):  # one compiled decode step, start traced
+    kv_mask = kv_mask.at[:, i].set(1)
+    logits, cache = _cached(model, tokens[:, i:i + 1], positions[:, i:i + 1], cache,
+                            jnp.int32(i), kv_mask)
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, i], atol=1e-5, rtol=1e-5)
+
+
+def test_padding_does_not_change_real_positions_and_padded_rows_are_finite():
+  model = _randomize(Decoder(CFG, rngs=nnx.Rngs(1)), 2)
+  tok = jnp.array([[5, 6, 7, 8]], jnp.int32)
+  ones = jnp.ones_like(tok)
+  ref = _full(model, tok, jnp.arange(4)[None], ones)
+  padded = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), tok], axis=1)
+  pmask = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), ones], axis=1)
+  ppos = jnp.maximum(jnp.cumsum(pmask, axis=1) - 1, 0)
+  out = _full(model, padded, ppos, pmask)
+  assert np.all(np.isfinite(np.asarray(out)))  # fully masked query rows (padding) stay finite
+  np.testing.assert_allclose(np.asarray(out[:, 3:]), np.asarray(ref), atol=1e-5)
+
+
+def test_remat_gives_same_values_and_gradients():
+  tokens, positions, mask = _left_padded(np.random.default_rng(1), 2, 4, 3, CFG.vocab_size)
+  grads = []
+  for remat in (False, True):
+    model = _randomize(Decoder(CFG.replace(remat=remat), rngs=nnx.Rngs(3)), 4)
+    loss = lambda m: jnp.mean(m(tokens, positions=positions, attention_mask=mask) ** 2)
+    grads.append(jax.tree.leaves(nnx.jit(nnx.grad(loss))(model)))
+  for a, b in zip(*grads):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_bf16_compute_close_to_fp32(param_dtype):
+  tokens, positions, mask = _left_padded(np.random.default_rng(2), 2, 4, 3, CFG.vocab_size)
+  m32 = _randomize(Decoder(CFG, rngs=nnx.Rngs(5)), 6)
+  m16 = Decoder(CFG.replace(dtype="bfloat16", param_dtype=param_dtype), rngs=nnx.Rngs(5))
+  nnx.update(m16, jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(m32, nnx.Param)))
+  l32 = np.asarray(_full(m32, tokens, positions, mask))
+  l16 = _full(m16, tokens, positions, mask)
+  assert l16.dtype == jnp.float32  # logits always float32
+  real = np.asarray(mask, bool)
+  # bf16 has 8 mantissa bits; logits of this tiny model are O(1).
+  assert np.max(np.abs(np.asarray(l16) - l32)[real]) < 0.05
