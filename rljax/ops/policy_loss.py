@@ -1,0 +1,363 @@
+"""Policy-gradient losses: PPO clip family (token / GSPO sequence / GSPO-token ratios,
+clip-higher, dual clip, ratio cap), CISPO, REINFORCE, Clip-Cov and KL-Cov.
+
+Every loss has the signature `fn(logp, old_logp, advantages, mask, **hyper)` and returns
+`(loss_bt, PolicyLossDiagnostics)`: a per-token loss to *minimise* (the negated surrogate
+objective), 0 at masked positions, to be reduced with `rljax.ops.aggregate`. Advantages
+may be per sequence `[B]` (broadcast over tokens) or per token `[B, T]`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rljax.ops.ratios import gspo_token_log_ratio, sequence_log_ratio, token_log_ratio
+from rljax.ops.stats import masked_mean
+
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
+
+
+class PolicyLossDiagnostics(NamedTuple):
+  """Per-token indicator/value arrays `[B, T]` (0 at masked positions; average them with
+  `aggregate(x, mask, "token_mean")`) and a few scalars. No gradient flows through them.
+
+  Attributes:
+    clip_low_bt: A < 0 and the ratio is below the lower bound (lower clip active).
+    clip_high_bt: A > 0 and the ratio is above the upper bound (upper clip active). For
+      CISPO: the IS weight was truncated from above (any sign of A).
+    clip_dual_bt: A < 0 and the loss was bounded by the dual clip c·|A|.
+    ratio_cap_bt: the ratio exceeded the two-sided cap δ and was replaced by δ.
+    cov_selected_bt: tokens picked by Clip-Cov (loss detached) or KL-Cov (KL added).
+    ratio_bt: the ratio the loss used (the sequence ratio s_i broadcast for GSPO).
+    approx_kl_bt: k3 estimate of KL(π_old‖π_θ) per token, (r − 1) − log r with the
+      *token* ratio r (also for sequence-level losses); ≥ 0, unbiased.
+    ratio_max: max of `ratio_bt` over unmasked tokens (0 if none).
+    ratio_min: min of `ratio_bt` over unmasked tokens (0 if none).
+  """
+
+  clip_low_bt: jax.Array
+  clip_high_bt: jax.Array
+  clip_dual_bt: jax.Array
+  ratio_cap_bt: jax.Array
+  cov_selected_bt: jax.Array
+  ratio_bt: jax.Array
+  approx_kl_bt: jax.Array
+  ratio_max: jax.Array
+  ratio_min: jax.Array
+
+
+def _advantages_bt(advantages, mask):
+  """Advantages as float32 [B, T] (broadcast from [B]), 0 at masked positions."""
+  chex.assert_rank(mask, 2)
+  chex.assert_rank(advantages, {1, 2})
+  if advantages.ndim == 1:
+    chex.assert_equal_shape_prefix((advantages, mask), 1)
+    advantages = jnp.broadcast_to(advantages[:, None], mask.shape)
+  chex.assert_equal_shape((advantages, mask))
+  return jnp.where(mask > 0, advantages.astype(jnp.float32), 0.0)
+
+
+def _diagnostics(mask, ratio, log_r_token, **indicators):
+  """Builds PolicyLossDiagnostics; missing indicators are zeros; masks everything."""
+  keep = mask > 0
+  as_bt = lambda x: jax.lax.stop_gradient(jnp.where(keep, x.astype(jnp.float32), 0.0))
+  zeros = jnp.zeros(mask.shape, jnp.float32)
+  fields = {k: as_bt(indicators.get(k, zeros)) for k in (
+      "clip_low_bt", "clip_high_bt", "clip_dual_bt", "ratio_cap_bt", "cov_selected_bt")}
+  ratio = jax.lax.stop_gradient(ratio)
+  any_token = jnp.any(keep)
+  return PolicyLossDiagnostics(
+      **fields,
+      ratio_bt=as_bt(ratio),
+      approx_kl_bt=as_bt(jnp.expm1(log_r_token) - log_r_token),
+      ratio_max=jnp.where(any_token, jnp.max(jnp.where(keep, ratio, -jnp.inf)), 0.0),
+      ratio_min=jnp.where(any_token, jnp.min(jnp.where(keep, ratio, jnp.inf)), 0.0),
+  )
+
+
+def _check_hyper(eps_low, eps_high, dual_clip, ratio_cap):
+  for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
+    if isinstance(v, int | float) and v < 0:
+      raise ValueError(f"{name} must be >= 0, got {v}")
+  if isinstance(dual_clip, int | float) and dual_clip <= 1.0:
+    raise ValueError(f"dual_clip c must be > 1 (Ye et al. 2020), got {dual_clip}")
+  if isinstance(ratio_cap, int | float) and ratio_cap <= 1.0:
+    raise ValueError(f"ratio_cap delta must be > 1 (TRL recommends > 1 + eps), got {ratio_cap}")
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_low=0.2,
+                eps_high=0.2, dual_clip=None, ratio_cap=None):
+  """PPO clipped surrogate with decoupled clip, dual clip, ratio cap; token or GSPO ratio.
+
+  Per token, with ratio ρ and advantage A:
+    ρ ← min(ρ, δ)                                   if `ratio_cap` δ is set (TRL)
+    L = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))
+    L ← min(L, c·|A|)  where A < 0                   if `dual_clip` c is set
+  i.e. −min(ρA, clip(ρ)A) of PPO (Schulman et al. 2017, arXiv:1707.06347, Eq. 7) with
+  DAPO's decoupled ε_low/ε_high "clip-higher" (Yu et al. 2025, "DAPO: An Open-Source LLM
+  Reinforcement Learning System at Scale", arXiv:2503.14476, Eq. 10) and dual-clip PPO
+  (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
+  Learning", arXiv:1912.09729, §3.3) in verl's form (PEERS (b) items 1 and 17).
+
+  `ratio_level` picks ρ:
+    "token":          ρ_{i,t} = exp(log r_{i,t}) (PPO, GRPO, DAPO); see `token_log_ratio`.
+    "sequence":       ρ_{i,t} = s_i for every token t of sequence i (GSPO: Zheng et al. 2025,
+                      "Group Sequence Policy Optimization", arXiv:2507.18071, Eqs. 5 and 7).
+                      One clip decision per sequence (per sign of A); the gradient flows into
+                      every token through s_i, ∂s_i/∂logπ_{i,t} = s_i/|y_i|. Each token row
+                      carries the *sequence* surrogate, so `seq_mean_token_mean` gives exactly
+                      the paper's (1/G)Σ_i min(s_i A_i, clip(s_i)A_i); `token_mean` weights
+                      each sequence's surrogate by |y_i|.
+    "sequence_token": ρ_{i,t} = exp(log s_i) in value with gradient s_i·∇logπ_{i,t}
+                      (GSPO-token, arXiv:2507.18071 §4.3); equals "sequence" in value, and
+                      in gradient under `seq_mean_token_mean` when A is constant per sequence.
+
+  Note: log-ratios are clamped to ±20 before exp (see `rljax.ops.ratios`). The dual clip
+  and ratio cap also apply at sequence level (to s_i). Clip fractions count a token as
+  clipped only when the clipped branch is the active one (TRL's low/high definition).
+
+  Args:
+    logp: current-policy log-probs of the sampled tokens, [B, T].
+    old_logp: old-policy log-probs, [B, T].
+    advantages: [B] (broadcast over tokens) or [B, T].
+    mask: completion mask, [B, T].
+    ratio_level: "token", "sequence" or "sequence_token".
+    eps_low: lower clip range ε_low (ratio floor 1 − ε_low).
+    eps_high: upper clip range ε_high (ratio ceiling 1 + ε_high; DAPO uses 0.28).
+    dual_clip: c > 1 bounding the loss of A < 0 tokens at c·|A| (verl: 3.0), or None.
+    ratio_cap: δ > 1; the ratio is replaced by min(ρ, δ) before clipping (TRL), or None.
+  Returns:
+    (loss_bt float32 [B, T] with 0 at masked positions, PolicyLossDiagnostics).
+  """
+  if ratio_level not in RATIO_LEVELS:
+    raise ValueError(f"Unknown ratio_level {ratio_level!r}; valid: {RATIO_LEVELS}")
+  _check_hyper(eps_low, eps_high, dual_clip, ratio_cap)
+  adv = _advantages_bt(advantages, mask)
+  log_r_token = token_log_ratio(logp, old_logp, mask)
+  if ratio_level == "token":
+    log_r = log_r_token
+  elif ratio_level == "sequence":
+    log_r = jnp.broadcast_to(sequence_log_ratio(logp, old_logp, mask)[:, None], mask.shape)
+  else:
+    log_r = gspo_token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  capped = jnp.zeros(mask.shape, bool)
+  if ratio_cap is not None:
+    capped = ratio > ratio_cap
+    ratio = jnp.minimum(ratio, ratio_cap)
+  clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  loss = jnp.maximum(-adv * ratio, -adv * clipped_ratio)
+  dual = jnp.zeros(mask.shape, bool)
+  if dual_clip is not None:
+    bound = -adv * dual_clip
+    dual = (adv < 0) & (loss > bound)
+    loss = jnp.where(adv < 0, jnp.minimum(loss, bound), loss)
+  diag = _diagnostics(
+      mask, ratio, log_r_token,
+      clip_low_bt=(adv < 0) & (ratio < 1.0 - eps_low),
+      clip_high_bt=(adv > 0) & (ratio > 1.0 + eps_high),
+      clip_dual_bt=dual, ratio_cap_bt=capped)
+  return jnp.where(mask > 0, loss, 0.0), diag
+
+
+def cispo_loss(logp, old_logp, advantages, mask, *, convention="two_sided", eps_low=None,
+               eps_high=0.2, cap=5.0):
+  """CISPO: clipped, stop-gradient IS weight times log-prob, L = −sg(ŵ)·A·logπ_θ.
+
+  MiniMax-M1 (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
+  Lightning Attention", arXiv:2506.13585, Eqs. 4–5). Unlike PPO, a clipped token keeps its
+  gradient −ŵ·A·∇logπ; only the weight is bounded. Two parameterisations of ŵ exist
+  (PEERS (b) item 9), chosen by name:
+    "two_sided"    ŵ = clip(r, 1 − ε_low, 1 + ε_high)  (paper Eq. 5, verl). `eps_low=None`
+                   means no lower bound, as the paper (and verl's example, ε_low = 10) use.
+    "absolute_cap" ŵ = min(r, cap)                     (TRL, `cap` = its `epsilon_high`,
+                   "recommended 5.0").
+
+  Note: the loss *value* −ŵ·A·logπ depends on the absolute log-prob; only its gradient is
+  meaningful. The paper normalises by the total token count: aggregate with "token_mean".
+  `clip_high_bt` marks r above the upper bound for any sign of A (TRL counts A > 0 only).
+
+  Args:
+    logp, old_logp: current / old log-probs of the sampled tokens, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    convention: "two_sided" or "absolute_cap".
+    eps_low: lower range for "two_sided" (None: no lower bound).
+    eps_high: upper range for "two_sided".
+    cap: absolute cap for "absolute_cap".
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
+  """
+  if convention not in CISPO_CONVENTIONS:
+    raise ValueError(f"Unknown CISPO convention {convention!r}; valid: {CISPO_CONVENTIONS}")
+  adv = _advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  if convention == "two_sided":
+    low = 0.0 if eps_low is None else 1.0 - eps_low
+    high = 1.0 + eps_high
+  else:
+    low, high = 0.0, cap
+  weight = jax.lax.stop_gradient(jnp.clip(ratio, low, high))
+  logp = jnp.where(mask > 0, logp.astype(jnp.float32), 0.0)
+  loss = -weight * adv * logp
+  diag = _diagnostics(mask, ratio, log_r, clip_low_bt=ratio < low, clip_high_bt=ratio > high)
+  return jnp.where(mask > 0, loss, 0.0), diag
+
+
+def reinforce_loss(logp, old_logp, advantages, mask, *, importance_weight=False):
+  """Vanilla policy gradient (REINFORCE): L = −w·A·logπ_θ with w = sg(r) or 1.
+
+  Williams 1992, "Simple statistical gradient-following algorithms for connectionist
+  reinforcement learning" (Machine Learning 8, no arXiv id), the REINFORCE rule
+  Δθ ∝ (R − b)·∇logπ; with
+  `importance_weight=True` the off-policy estimator −sg(r)·A·logπ, whose gradient equals
+  that of −r·A (Schulman et al. 2017, arXiv:1707.06347, Eq. 6, the CPI surrogate).
+
+  Note: the weight is not truncated; use `cispo_loss` for a truncated one.
+
+  Args:
+    logp, old_logp: current / old log-probs of the sampled tokens, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    importance_weight: multiply by the stop-gradient token ratio r = π_θ/π_old.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
+  """
+  adv = _advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  weight = jax.lax.stop_gradient(ratio) if importance_weight else 1.0
+  logp = jnp.where(mask > 0, logp.astype(jnp.float32), 0.0)
+  loss = -weight * adv * logp
+  return jnp.where(mask > 0, loss, 0.0), _diagnostics(mask, ratio, log_r)
+
+
+def _token_covariance(logp, adv, mask):
+  """Cov_t = (A_t − mean A)·(logπ_t − mean logπ) over unmasked tokens (no gradient)."""
+  keep = mask > 0
+  logp = jnp.where(keep, jax.lax.stop_gradient(logp).astype(jnp.float32), 0.0)
+  cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+  return jnp.where(keep, cov, 0.0)
+
+
+def _select_top(priority, eligible, n_tokens, fraction):
+  """Eligible positions among the k = max(⌊fraction·n_tokens⌋, 1) highest priorities.
+
+  Ranks with a stable sort (ties break by position), so k is a traced value: jit-able.
+  """
+  flat = jnp.where(eligible, priority, -jnp.inf).ravel()
+  order = jnp.argsort(-flat, stable=True)
+  rank = jnp.zeros(flat.shape, jnp.int32).at[order].set(jnp.arange(flat.size, dtype=jnp.int32))
+  k = jnp.maximum(jnp.floor(fraction * n_tokens), 1.0)
+  return eligible & (rank.reshape(priority.shape) < k)
+
+
+def clip_cov_mask(logp, old_logp, advantages, mask, *, key, clip_fraction=2e-4,
+                  cov_low=1.0, cov_high=5.0, eps_low=1.0, eps_high=1.0):
+  """Clip-Cov token selection: 0 for the tokens whose gradient is detached, else 1.
+
+  Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+  Models", arXiv:2505.22617, §4.2: Cov_t = (A_t − Ā)(logπ_t − mean logπ) over the batch's
+  tokens; among tokens with cov_low < Cov_t < cov_high that the PPO clip has not already
+  clipped, pick k = max(⌊clip_fraction·N⌋, 1) uniformly at random (N = unmasked tokens).
+
+  Note: the random choice uses `key` (pure, jit-able: a random priority per token and a
+  rank among the candidates). Means and N are over this call's batch, i.e. per device
+  shard under data parallelism, as in verl.
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    key: PRNG key for the random selection.
+    clip_fraction: fraction r of tokens to detach (paper and verl: 2e-4).
+    cov_low, cov_high: covariance band (ω_low, ω_high) = (1, 5).
+    eps_low, eps_high: the PPO clip used to tell already-clipped tokens.
+  Returns:
+    float32 [B, T]: 0 for selected tokens, 1 elsewhere (also 1 at masked positions).
+  """
+  adv = _advantages_bt(advantages, mask)
+  ratio = jnp.exp(token_log_ratio(logp, old_logp, mask))
+  already = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
+  cov = _token_covariance(logp, adv, mask)
+  eligible = (mask > 0) & ~already & (cov > cov_low) & (cov < cov_high)
+  priority = jax.random.uniform(key, mask.shape)
+  n_tokens = jnp.sum((mask > 0).astype(jnp.float32))
+  selected = _select_top(priority, eligible, n_tokens, clip_fraction)
+  return 1.0 - selected.astype(jnp.float32)
+
+
+def clip_cov_loss(logp, old_logp, advantages, mask, *, key, clip_fraction=2e-4,
+                  cov_low=1.0, cov_high=5.0, eps_low=1.0, eps_high=1.0):
+  """Clip-Cov loss: token-level PPO loss with the `clip_cov_mask` tokens zeroed (detached).
+
+  Cui et al. 2025, arXiv:2505.22617, §4.2 (Clip-Cov). Returns (loss_bt, diagnostics) with
+  `cov_selected_bt` marking the detached tokens.
+
+  Note: the defaults ε_low = ε_high = 1 are the authors' recipe (verl
+  recipe/entropy/7b_clip_cov.sh), which leaves the ratio almost unclipped, as in the
+  paper's formulation; the selected tokens' loss is zeroed, removing their gradient.
+  """
+  keep_cov = clip_cov_mask(
+      logp, old_logp, advantages, mask, key=key, clip_fraction=clip_fraction,
+      cov_low=cov_low, cov_high=cov_high, eps_low=eps_low, eps_high=eps_high)
+  loss, diag = policy_loss(logp, old_logp, advantages, mask, eps_low=eps_low,
+                           eps_high=eps_high)
+  selected = jnp.where(mask > 0, 1.0 - keep_cov, 0.0)
+  return loss * keep_cov, diag._replace(cov_selected_bt=selected)
+
+
+def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_fraction=2e-4, kl_coef=1.0):
+  """KL-Cov loss: −A·r, plus kl_coef·|log r| on the top-k tokens by covariance.
+
+  Cui et al. 2025, arXiv:2505.22617, §4.2 (KL-Cov): the k = max(⌊kl_fraction·N⌋, 1)
+  unmasked tokens with the largest Cov_t = (A_t − Ā)(logπ_t − mean logπ) get a KL penalty
+  to the old policy; no ratio clipping otherwise (verl `compute_policy_loss_kl_cov`,
+  PEERS (b) item 15; recipe kl_fraction 2e-4, coef 1).
+
+  Note: the KL penalty is verl's |log r| (k1 magnitude). Deterministic top-k, ties
+  broken by position; means and N are per call (per device shard).
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    kl_fraction: fraction of tokens penalised.
+    kl_coef: penalty coefficient.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics with `cov_selected_bt`).
+  """
+  adv = _advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  cov = _token_covariance(logp, adv, mask)
+  n_tokens = jnp.sum((mask > 0).astype(jnp.float32))
+  selected = _select_top(cov, mask > 0, n_tokens, kl_fraction)
+  loss = -adv * ratio + jnp.where(selected, kl_coef * jnp.abs(log_r), 0.0)
+  diag = _diagnostics(mask, ratio, log_r, cov_selected_bt=selected)
+  return jnp.where(mask > 0, loss, 0.0), diag
+
+
+POLICY_LOSSES = {
+    "ppo": policy_loss,
+    "gspo": functools.partial(policy_loss, ratio_level="sequence"),
+    "gspo_token": functools.partial(policy_loss, ratio_level="sequence_token"),
+    "cispo": cispo_loss,
+    "reinforce": reinforce_loss,
+    "clip_cov": clip_cov_loss,
+    "kl_cov": kl_cov_loss,
+}
+
+
+def get_policy_loss(name):
+  """The policy loss registered as `name` in POLICY_LOSSES (error lists valid names)."""
+  if name not in POLICY_LOSSES:
+    raise ValueError(f"Unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
+  return POLICY_LOSSES[name]
