@@ -1,0 +1,22 @@
+"""Jit-compiled generation with a KV cache: prefill + `lax.while_loop` decode, per shape bucket.
+
+Public entry points: `SamplingParams`, `generate(model, prompt_tokens, prompt_mask, *,
+sampling, rng) -> Rollout`, `compile_count()`; the token filters live in
+`rljax.sampling.filters`.
+"""
+
+from rljax.sampling.buckets import compile_count
+from rljax.sampling.filters import filter_logits, sample_tokens, truncated_log_softmax
+from rljax.sampling.generate import generate
+from rljax.sampling.params import SamplingParams
+from rljax.sampling.rollout import Rollout
+
+__all__ = [
+    "Rollout",
+    "SamplingParams",
+    "compile_count",
+    "filter_logits",
+    "generate",
+    "sample_tokens",
+    "truncated_log_softmax",
+]

@@ -1,0 +1,68 @@
+"""Shape buckets and the compile counter of the sampler.
+
+Prompt width and row count are rounded up to a bucket so that a training loop whose
+batches vary a little compiles a handful of programs once and never again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_TRACES = [0]
+
+
+def compile_count() -> int:
+  """Number of sampler programs compiled (traced) in this process so far."""
+  return _TRACES[0]
+
+
+def _note_trace() -> None:
+  _TRACES[0] += 1
+
+
+def round_up(size: int, bucket, *, multiple_of: int = 1) -> int:
+  """Rounds `size` up to its bucket.
+
+  Args:
+    size: the true size (>= 1).
+    bucket: "pow2" (next power of two), an int m (next multiple of m), or None (exact).
+    multiple_of: the result is also a multiple of this (e.g. the number of data shards).
+  Returns:
+    the bucketed size, >= size.
+  """
+  if bucket is None:
+    out = size
+  elif bucket == "pow2":
+    out = 1 << max(0, math.ceil(math.log2(max(size, 1))))
+  elif isinstance(bucket, int) and bucket >= 1:
+    out = -(-size // bucket) * bucket
+  else:
+    raise ValueError(f"bucket must be 'pow2', a positive int or None, got {bucket!r}")
+  return -(-out // multiple_of) * multiple_of
+
+
+def pad_prompts(tokens_bp: np.ndarray, mask_bp: np.ndarray, *, rows: int, width: int,
+                pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  """Left-pads prompts to `width` columns and appends padding rows up to `rows`.
+
+  Padding rows get one real (pad-id) token in the last column so that no attention row
+  is empty; their output is dropped.
+
+  Args:
+    tokens_bp: int [B, P] left-padded prompt tokens.
+    mask_bp: int [B, P], 1 on real tokens.
+    rows: R >= B.
+    width: W >= P.
+    pad_id: token id used for padding.
+  Returns:
+    (tokens [R, W] int32, mask [R, W] int32).
+  """
+  b, p = tokens_bp.shape
+  tokens_rw = np.full((rows, width), pad_id, np.int32)
+  mask_rw = np.zeros((rows, width), np.int32)
+  tokens_rw[:b, width - p:] = tokens_bp
+  mask_rw[:b, width - p:] = mask_bp
+  mask_rw[b:, -1] = 1
+  return tokens_rw, mask_rw

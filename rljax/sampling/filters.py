@@ -1,0 +1,176 @@
+"""Token filters of the sampler as pure functions of logits.
+
+Every filter returns a boolean "keep" mask of the logits' shape; `filter_logits` chains
+them in the order of `transformers` `generate` (top-k, then top-p on the top-k
+renormalised distribution, then min-p) and sets dropped logits to -inf, so a softmax of
+the result is the renormalised truncated distribution. Values such as `top_p` may be
+traced scalars; whether a filter runs at all is decided at trace time (None / 0 = off).
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -jnp.inf
+
+
+def scale_temperature(logits_bv: jax.Array, temperature) -> jax.Array:
+  """Softmax temperature: q_i = exp(z_i / τ) / Σ_j exp(z_j / τ).
+
+  Hinton et al. 2015, "Distilling the Knowledge in a Neural Network", arXiv:1503.02531,
+  Eq. 1. Computed in float32.
+
+  Args:
+    logits_bv: logits z, [..., V].
+    temperature: τ > 0, Python or traced scalar.
+  Returns:
+    z / τ, float32 [..., V].
+  """
+  return logits_bv.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
+
+
+def top_k_keep(logits_bv: jax.Array, *, k: int) -> jax.Array:
+  """Top-k truncation: keep the k largest logits.
+
+  Fan et al. 2018, "Hierarchical Neural Story Generation", arXiv:1805.04833, Sec. 5.4.
+
+  Args:
+    logits_bv: logits, [..., V].
+    k: static int >= 1.
+  Returns:
+    keep mask, bool [..., V].
+
+  Note: tokens tied with the k-th largest logit are all kept (as in `transformers`).
+  """
+  k = min(int(k), logits_bv.shape[-1])
+  kth_b1 = jax.lax.top_k(logits_bv, k)[0][..., -1:]
+  return logits_bv >= kth_b1
+
+
+def top_p_keep(logits_bv: jax.Array, *, p) -> jax.Array:
+  """Nucleus (top-p) truncation: the smallest set V(p) of most likely tokens with mass >= p.
+
+  Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration", arXiv:1904.09751,
+  Eq. 2 (Σ_{x ∈ V(p)} P(x) >= p). A token is kept iff the mass of the strictly more likely
+  tokens is < p, so the argmax is always kept.
+
+  Args:
+    logits_bv: logits of the (possibly already truncated, -inf) distribution, [..., V].
+    p: mass in (0, 1], Python or traced scalar.
+  Returns:
+    keep mask, bool [..., V].
+
+  Note: implemented as a threshold on the logit of the last token of V(p), so tokens tied
+    with it are kept as well; no scatter back to vocabulary order is needed.
+  """
+  logits_bv = logits_bv.astype(jnp.float32)
+  sorted_bv = jnp.flip(jnp.sort(logits_bv, axis=-1), axis=-1)   # descending
+  probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
+  mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
+  n_keep_b1 = jnp.sum(mass_before_bv < p, axis=-1, keepdims=True)
+  n_keep_b1 = jnp.maximum(n_keep_b1, 1)
+  threshold_b1 = jnp.take_along_axis(sorted_bv, n_keep_b1 - 1, axis=-1)
+  return logits_bv >= threshold_b1
+
+
+def min_p_keep(logits_bv: jax.Array, *, min_p) -> jax.Array:
+  """Min-p truncation: keep tokens with p_i >= p_base · p_max.
+
+  Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM
+  Outputs", arXiv:2407.01082, Sec. 3.1 (scaled threshold p_scaled = p_base × p_max).
+  Evaluated in log space: z_i - max_j z_j >= log p_base.
+
+  Args:
+    logits_bv: logits, [..., V].
+    min_p: p_base in [0, 1], Python or traced scalar.
+  Returns:
+    keep mask, bool [..., V].
+
+  Note: applied to the temperature-scaled distribution (temperature first, as in
+    `transformers` and vLLM); the paper also discusses applying temperature afterwards.
+  """
+  logits_bv = logits_bv.astype(jnp.float32)
+  gap_bv = logits_bv - jnp.max(logits_bv, axis=-1, keepdims=True)
+  return gap_bv >= jnp.log(jnp.asarray(min_p, jnp.float32))
+
+
+def filter_logits(logits_bv: jax.Array, *, top_k: int = 0, top_p=None,
+                  min_p=None) -> jax.Array:
+  """Applies top-k -> top-p -> min-p (each only if enabled) and masks dropped tokens.
+
+  Args:
+    logits_bv: temperature-scaled logits, [..., V].
+    top_k: static int; 0 (or >= V) disables.
+    top_p: None disables, else a mass in (0, 1] (may be traced).
+    min_p: None disables, else p_base in [0, 1] (may be traced).
+  Returns:
+    logits with dropped tokens at -inf, float32 [..., V]; its softmax is the renormalised
+    truncated distribution.
+  """
+  chex.assert_rank(logits_bv, {1, 2, 3})
+  out_bv = logits_bv.astype(jnp.float32)
+  if 0 < top_k < logits_bv.shape[-1]:
+    out_bv = jnp.where(top_k_keep(out_bv, k=top_k), out_bv, NEG_INF)
+  if top_p is not None:
+    out_bv = jnp.where(top_p_keep(out_bv, p=top_p), out_bv, NEG_INF)
+  if min_p is not None:
+    out_bv = jnp.where(min_p_keep(out_bv, min_p=min_p), out_bv, NEG_INF)
+  return out_bv
+
+
+def truncated_log_softmax(logits_bv: jax.Array, *, temperature=1.0, top_k: int = 0,
+                          top_p=None, min_p=None) -> jax.Array:
+  """Log-probabilities of the distribution the sampler draws from (-inf on dropped tokens).
+
+  log softmax(filter(z / τ)): temperature, truncation, renormalisation. A trainer can use
+  it to replay the sampling mask when computing old/new log-probs.
+
+  Args:
+    logits_bv: raw logits, [..., V].
+    temperature: τ > 0.
+    top_k, top_p, min_p: as in `filter_logits`.
+  Returns:
+    log-probs, float32 [..., V].
+  """
+  scaled_bv = scale_temperature(logits_bv, temperature)
+  return jax.nn.log_softmax(filter_logits(scaled_bv, top_k=top_k, top_p=top_p, min_p=min_p))
+
+
+def sample_tokens(logits_bv: jax.Array, keys_b: jax.Array, *, temperature=1.0,
+                  greedy: bool = False, top_k: int = 0, top_p=None, min_p=None):
+  """Draws one token per row and returns its log-probs under the sampled and full distributions.
+
+  Sampling uses the Gumbel-max trick (`jax.random.categorical`; Maddison et al. 2014,
+  "A* Sampling", arXiv:1411.0030) with one key per row, so a row's draw does not depend on
+  the other rows of the batch.
+
+  Args:
+    logits_bv: raw logits, [B, V].
+    keys_b: one PRNG key per row, [B] (typed keys) or [B, 2] (raw uint32 keys).
+    temperature: τ > 0 (traced or Python scalar).
+    greedy: static; argmax decoding. The sampled-from distribution is then a point mass,
+      so `logp` is 0.
+    top_k, top_p, min_p: static enable / values as in `filter_logits`.
+  Returns:
+    tokens_b int32 [B]; logp_b float32 [B] (log-prob under the truncated, renormalised
+    distribution); logp_full_b float32 [B] (log-prob under softmax(z / τ), untruncated).
+  """
+  chex.assert_rank(logits_bv, 2)
+  scaled_bv = scale_temperature(logits_bv, temperature)
+  logp_full_bv = jax.nn.log_softmax(scaled_bv, axis=-1)
+  if greedy:
+    tokens_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+    logp_full_b = jnp.take_along_axis(logp_full_bv, tokens_b[:, None], axis=-1)[:, 0]
+    return tokens_b, jnp.zeros_like(logp_full_b), logp_full_b
+  truncating = (0 < top_k < logits_bv.shape[-1]) or top_p is not None or min_p is not None
+  filtered_bv = filter_logits(scaled_bv, top_k=top_k, top_p=top_p, min_p=min_p)
+  draw = jax.vmap(lambda key, row_v: jax.random.categorical(key, row_v))
+  tokens_b = draw(keys_b, filtered_bv).astype(jnp.int32)
+  logp_full_b = jnp.take_along_axis(logp_full_bv, tokens_b[:, None], axis=-1)[:, 0]
+  if not truncating:
+    return tokens_b, logp_full_b, logp_full_b
+  logp_bv = jax.nn.log_softmax(filtered_bv, axis=-1)
+  logp_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
+  return tokens_b, logp_b, logp_full_b

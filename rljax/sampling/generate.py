@@ -1,0 +1,249 @@
+"""Batched generation: one jit-compiled program per shape bucket (prefill + while_loop decode).
+
+The model enters the program as `nnx.split(model)`: the graph definition is a static
+argument and the parameters a traced one, so new parameters after an RL update reuse the
+compiled program. Each row draws from its own PRNG stream (`fold_in(rng, row)` then
+`fold_in(., step)`), so results do not depend on batch padding or sharding.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.sampling import buckets
+from rljax.sampling.filters import sample_tokens
+from rljax.sampling.params import SamplingParams
+from rljax.sampling.rollout import Rollout
+
+
+class _Spec(NamedTuple):
+  """The static (trace-time) part of the sampling configuration."""
+
+  max_new_tokens: int
+  greedy: bool
+  top_k: int
+  use_top_p: bool
+  use_min_p: bool
+  stop_tokens: tuple[int, ...]
+  pad_id: int
+
+
+class _Decoded(NamedTuple):
+  tokens: jax.Array
+  mask: jax.Array
+  logp: jax.Array
+  logp_full: jax.Array
+  truncated: jax.Array
+
+
+def _spec_and_scalars(sampling: SamplingParams, pad_id: int):
+  spec = _Spec(sampling.max_new_tokens, sampling.greedy, sampling.top_k,
+               sampling.top_p < 1.0, sampling.min_p > 0.0, sampling.stop_tokens, int(pad_id))
+  temperature = sampling.temperature if sampling.temperature > 0 else 1.0
+  scalars = np.asarray([temperature, sampling.top_p, sampling.min_p], np.float32)
+  return spec, scalars
+
+
+def _sampler(spec: _Spec, scalars_3, row_keys_r):
+  """Returns step(t, logits_rv) -> (tokens, logp, logp_full) with per-row, per-step keys."""
+  draw = functools.partial(
+      sample_tokens, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
+      top_p=scalars_3[1] if spec.use_top_p else None,
+      min_p=scalars_3[2] if spec.use_min_p else None)
+  def step(t, logits_rv):
+    keys_r = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys_r, t)
+    return draw(logits_rv, keys_r)
+  return step
+
+
+def _is_stop(tokens_r, stop_tokens):
+  if not stop_tokens:
+    return jnp.zeros(tokens_r.shape, bool)
+  return jnp.any(tokens_r[:, None] == jnp.asarray(stop_tokens, jnp.int32)[None, :], axis=-1)
+
+
+def _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs):
+  """Runs the prompt through the model; returns the last position's logits [R, V] and cache."""
+  kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs)
+  if hasattr(model, "hidden_cached"):   # lm head on the last position only
+    hidden_rpd, cache = model.hidden_cached(tokens_rp, **kwargs)
+    return model.logits_from_hidden(hidden_rpd[:, -1]), cache
+  logits_rpv, cache = model.forward_cached(tokens_rp, **kwargs)
+  return logits_rpv[:, -1], cache
+
+
+def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec) -> _Decoded:
+  """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
+  buckets._note_trace()
+  chex.assert_equal_shape((tokens_rp, mask_rp))
+  model = nnx.merge(graphdef, state)
+  r, p = tokens_rp.shape
+  t_max = spec.max_new_tokens
+  prompt_len_r = jnp.sum(mask_rp, axis=-1)
+  positions_rp = jnp.maximum(jnp.cumsum(mask_rp, axis=-1) - 1, 0)
+  kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
+  cache = model.init_cache(r, p + t_max)
+  last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs)
+  row_keys_r = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.arange(r))
+  step = _sampler(spec, scalars_3, row_keys_r)
+  tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
+  out = _Decoded(
+      tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),
+      mask=jnp.zeros((r, t_max), jnp.int32).at[:, 0].set(1),
+      logp=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_r),
+      logp_full=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_full_r),
+      truncated=~_is_stop(tok_r, spec.stop_tokens))
+
+  def cond(carry):
+    t, _, _, out = carry
+    return (t < t_max) & jnp.any(out.truncated)
+
+  def body(carry):
+    t, tok_r, cache, out = carry
+    logits_r1v, cache = model.forward_cached(
+        tok_r[:, None], positions=(prompt_len_r + t - 1)[:, None], cache=cache,
+        start=p + t - 1, kv_mask=kv_mask_rs)
+    new_r, logp_r, logp_full_r = step(t, logits_r1v[:, 0])
+    alive_r = out.truncated
+    new_r = jnp.where(alive_r, new_r, spec.pad_id)
+    col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, t))
+    out = _Decoded(
+        tokens=col(out.tokens, new_r),
+        mask=col(out.mask, alive_r),
+        logp=col(out.logp, jnp.where(alive_r, logp_r, 0.0)),
+        logp_full=col(out.logp_full, jnp.where(alive_r, logp_full_r, 0.0)),
+        truncated=alive_r & ~_is_stop(new_r, spec.stop_tokens))
+    return t + 1, new_r, cache, out
+
+  _, _, _, out = jax.lax.while_loop(cond, body, (jnp.int32(1), tok_r, cache, out))
+  return out
+
+
+_decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec",))
+
+
+def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: SamplingParams,
+             rng: jax.Array, pad_id: int = 0, sampler_dtype: Any = None, mesh=None,
+             prompt_bucket: Any = "pow2", batch_bucket: Any = "pow2") -> Rollout:
+  """Samples `sampling.n` completions per prompt with a KV cache, as one compiled program.
+
+  Prefills the left-padded prompt batch (each prompt repeated n times), then decodes
+  inside `lax.while_loop` until every row has emitted a stop token or T =
+  `max_new_tokens` tokens; tokens after a stop token are `pad_id` with mask 0.
+
+  Args:
+    model: a decoder with `init_cache(batch, max_len)` and `forward_cached(...)`
+      (`rljax.models.Decoder`).
+    prompt_tokens: int [B, P], left-padded.
+    prompt_mask: int/bool [B, P], 1 on real tokens; every row needs >= 1 real token.
+    sampling: `SamplingParams`.
+    rng: PRNG key; results are a deterministic function of it (and the inputs).
+    pad_id: token written after the stop token (and used for prompt padding).
+    sampler_dtype: None (the model's own dtype) or e.g. "bfloat16": sample with a cast
+      copy of the parameters and that compute dtype while training stays in float32 (a
+      real source of train–inference mismatch).
+    mesh: optional `jax.sharding.Mesh`; rows are sharded over its data axes and the
+      parameters keep (or get) their logical-axis sharding.
+    prompt_bucket, batch_bucket: rounding of P and of B*n ("pow2", an int multiple, or
+      None for exact shapes); one program is compiled per bucket.
+  Returns:
+    `Rollout` with B*n rows (padding rows dropped), T = max_new_tokens columns.
+  """
+  if not isinstance(sampling, SamplingParams):
+    raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+  tokens_bp, mask_bp = _check_prompts(prompt_tokens, prompt_mask)
+  n = sampling.n
+  tokens_bp, mask_bp = np.repeat(tokens_bp, n, axis=0), np.repeat(mask_bp, n, axis=0)
+  rows, width = tokens_bp.shape
+  r = buckets.round_up(rows, batch_bucket, multiple_of=_data_shards(mesh))
+  w = buckets.round_up(width, prompt_bucket)
+  tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
+  graphdef, state = _split(model, sampler_dtype)
+  spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
+  tokens_rw, mask_rw, state = _place(mesh, tokens_rw, mask_rw, state)
+  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
+  out = jax.tree.map(lambda x: x[:rows], out)
+  return Rollout(
+      tokens=out.tokens, mask=out.mask, logp=out.logp, logp_full=out.logp_full,
+      truncated=out.truncated,
+      group_id=jnp.asarray(np.repeat(np.arange(rows // n, dtype=np.int32), n)),
+      prompt_tokens=jnp.asarray(tokens_bp), prompt_mask=jnp.asarray(mask_bp))
+
+
+def _check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
+  tokens_bp = np.asarray(prompt_tokens)
+  mask_bp = np.asarray(prompt_mask)
+  if tokens_bp.ndim != 2 or tokens_bp.shape != mask_bp.shape or 0 in tokens_bp.shape:
+    raise ValueError(f"prompt_tokens {tokens_bp.shape} and prompt_mask {mask_bp.shape} must "
+                     "both be non-empty [B, P]")
+  if not np.issubdtype(tokens_bp.dtype, np.integer):
+    raise TypeError(f"prompt_tokens must be integers, got {tokens_bp.dtype}")
+  mask_bp = (mask_bp > 0).astype(np.int32)
+  if not mask_bp.any(axis=1).all():
+    raise ValueError("every prompt needs at least one real token (prompt_mask row of zeros)")
+  if (np.diff(mask_bp, axis=1) < 0).any():
+    raise ValueError("prompts must be left-padded (prompt_mask 0...0 1...1 per row)")
+  return tokens_bp.astype(np.int32), mask_bp
+
+
+def _split(model: nnx.Module, sampler_dtype):
+  """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`."""
+  graphdef, state = nnx.split(model)
+  if sampler_dtype is None:
+    return graphdef, state
+  dtype = jnp.dtype(sampler_dtype)
+  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  state = jax.tree.map(cast, state)
+  cfg = getattr(model, "cfg", None)
+  if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
+    graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
+  return graphdef, state
+
+
+@functools.lru_cache(maxsize=32)
+def _graphdef_for(cls, cfg):
+  abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abstract)[0]
+
+
+def _batch_sharding(mesh):
+  try:
+    from rljax.parallel import batch_sharding
+  except ImportError:  # rljax.parallel not available: shard rows over the data-like axes.
+    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or mesh.axis_names[:1]
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
+  return batch_sharding(mesh)
+
+
+def _data_shards(mesh) -> int:
+  if mesh is None:
+    return 1
+  axes = _batch_sharding(mesh).spec[0]
+  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  return int(np.prod([mesh.shape[a] for a in axes]))
+
+
+def _place(mesh, tokens_rw, mask_rw, state):
+  """Puts rows on the mesh's data axes; parameters not yet on the mesh get its shardings."""
+  if mesh is None:
+    return tokens_rw, mask_rw, state
+  rows = _batch_sharding(mesh)
+  tokens_rw, mask_rw = jax.device_put(tokens_rw, rows), jax.device_put(mask_rw, rows)
+  leaves = jax.tree.leaves(state)
+  on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+                and x.sharding.mesh == mesh for x in leaves)
+  if not on_mesh:
+    state = jax.device_put(state, _state_shardings(state, mesh))
+  return tokens_rw, mask_rw, state
+
+
+def _state_shardings(state, mesh):
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda _: replicated, state)
