@@ -1,0 +1,38 @@
+"""DAPO as an ablation, in the order of the paper's Table 1.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476. Each step adds one technique to the previous ones (seed 004):
+naive GRPO -> overlong filtering -> clip-higher (eps_high 0.28) -> soft overlong
+punishment -> token-level loss -> dynamic sampling. The paper drops the KL term
+(coefficient 0); lengths are scaled to this task (max 48 new tokens, cache 8).
+
+    rljax ablate experiments/dapo.py
+    rljax train --config experiments/dapo.py:clip_higher
+"""
+
+from rljax.train.config import base_config
+
+ABLATION_STEPS = ("naive_grpo", "overlong_filtering", "clip_higher", "soft_overlong",
+                  "token_level_loss", "dynamic_sampling")
+
+
+def get_config(arg=None):
+  step = arg or ABLATION_STEPS[-1]
+  if step not in ABLATION_STEPS:
+    raise ValueError(f"unknown DAPO step {step!r}; valid: {list(ABLATION_STEPS)}")
+  on = set(ABLATION_STEPS[:ABLATION_STEPS.index(step) + 1])
+  c = base_config()
+  c.run.dir = f"runs/dapo_{step}"
+  c.algo.name = f"dapo_{step}"
+  c.algo.overlong_filter = "overlong_filtering" in on and "soft_overlong" not in on
+  if "clip_higher" in on:
+    c.algo.eps_low, c.algo.eps_high = 0.2, 0.28
+  if "soft_overlong" in on:
+    c.algo.soft_overlong = True
+    c.algo.overlong_cache_len = 8
+  if "token_level_loss" in on:
+    c.algo.loss_agg = "token_mean"
+  if "dynamic_sampling" in on:
+    c.algo.dynamic_sampling = True
+    c.algo.dynamic_sampling_max_rounds = 4
+  return c

@@ -1,0 +1,69 @@
+"""Checkpoints with orbax-checkpoint: the whole TrainState plus host-side state as JSON.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a
+half-written checkpoint is never picked up. On restore, an unreadable newest step is
+reported and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class Checkpointer:
+  """Saves / restores `(train_state, host_state)` under `<run_dir>/checkpoints/<step>`."""
+
+  def __init__(self, run_dir, *, keep=3):
+    self.directory = pathlib.Path(run_dir).absolute() / "checkpoints"
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "host"))
+
+  def save(self, step, state, host_state):
+    """Starts an (asynchronous) save of `state` (a pytree) and JSON-able `host_state`."""
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), host=ocp.args.JsonSave(host_state)))
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def steps(self):
+    return sorted(self.manager.all_steps())
+
+  def restore_latest(self, abstract_state):
+    """Restores the newest readable checkpoint.
+
+    Args:
+      abstract_state: a pytree with the structure, shapes, dtypes and shardings to
+        restore into (e.g. the freshly initialised state).
+    Returns:
+      (step, state, host_state) or None when there is no readable checkpoint.
+    """
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    for step in reversed(self.steps()):
+      try:
+        out = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
+        return step, out.state, out.host
+      except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
+        log.warning("checkpoint step %s is unreadable (%s: %s); falling back to an older one",
+                    step, type(err).__name__, err)
+        print(f"[rljax] checkpoint {step} unreadable ({type(err).__name__}); "
+              "falling back to the previous one")
+    return None
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def to_host(tree):
+  return jax.tree.map(np.asarray, tree)

@@ -1,0 +1,217 @@
+"""The one base config. Experiment files state only what differs from it.
+
+An experiment is a Python file with `get_config(arg: str | None) -> ConfigDict`
+(the Flax-examples / big_vision convention). `load_config("experiments/dapo.py:clip_higher")`
+imports it, locks the result (unknown keys fail), applies `--config.a.b=value` style
+overrides and validates it once, up front (`rljax.train.validate`).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import pathlib
+
+import ml_collections
+
+ConfigDict = ml_collections.ConfigDict
+
+
+def base_config() -> ConfigDict:
+  """Every field rljax reads, with defaults for the embedded default run (GRPO)."""
+  c = ConfigDict()
+
+  c.run = ConfigDict(dict(
+      dir="runs/default",      # run directory; resumes from it if it holds checkpoints
+      seed=0,
+      iterations=60,           # RL iterations (rollout + update)
+      save_every=20,           # checkpoint every N iterations (0: only at the end)
+      keep_checkpoints=3,      # keep the last K checkpoints
+      eval_every=20,           # held-out evaluation every N iterations (0: only before/after)
+      progress=True,           # tqdm progress bar
+      plots=True,              # PNG plots at the end of the run
+      tensorboard=True,
+      max_nonfinite_in_row=3,  # stop after K consecutive skipped (non-finite) updates
+  ))
+
+  # The policy. `hf_path` loads a local Hugging Face checkpoint; otherwise a tiny
+  # character-level decoder is built from the fields below.
+  c.model = ConfigDict(dict(
+      hf_path="",
+      vocab_size=0,            # 0: the tokenizer's vocabulary size
+      hidden_size=128,
+      intermediate_size=384,
+      num_layers=3,
+      num_heads=4,
+      num_kv_heads=2,
+      head_dim=32,
+      rope_theta=10000.0,
+      max_position_embeddings=256,
+      tie_embeddings=False,
+      dtype="float32",
+      param_dtype="float32",
+      remat=False,
+  ))
+
+  c.task = ConfigDict(dict(
+      name="arithmetic",       # see rljax.data.tasks.TASKS
+      difficulty=1,            # lowest difficulty level
+      difficulty_max=3,        # highest level (levels mixed uniformly); 0: same as difficulty
+      seed=1234,
+      heldout_size=128,
+      jsonl_path="",           # for name == "jsonl"
+      prompt_sampler="uniform",  # uniform | curriculum | prioritized
+      format_weight=0.1,       # weight of the format reward in the total score
+  ))
+
+  # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
+  c.sft = ConfigDict(dict(
+      steps=300,
+      batch_size=32,
+      lr=3e-3,
+      warmup_steps=20,
+      cache_dir="runs/sft_cache",  # "" disables caching
+  ))
+
+  c.sampling = ConfigDict(dict(
+      prompts_per_iteration=16,
+      n=8,                     # G: completions per prompt
+      max_new_tokens=48,
+      temperature=1.0,
+      top_k=0,
+      top_p=1.0,
+      min_p=0.0,
+      sampler_dtype="",        # "" (same as training) or "bfloat16": a real train-inference gap
+      eval_n=4,                # samples per held-out prompt for pass@k / avg@k
+      eval_temperature=1.0,
+  ))
+
+  c.algo = ConfigDict(dict(
+      name="grpo",
+      # advantages
+      advantage="grpo",        # see rljax.train.advantages.ADVANTAGE_MODES
+      adv_eps=1e-6,
+      pass_k=4,                # for advantage == "pass_at_k"
+      gamma=1.0,
+      lam=1.0,
+      whiten_advantages=False,
+      # policy loss
+      policy_loss="ppo",       # ppo | cispo | reinforce | clip_cov | kl_cov
+      ratio_level="token",     # token | sequence (GSPO) | sequence_token (GSPO-token)
+      eps_low=0.2,
+      eps_high=0.2,
+      dual_clip=0.0,           # 0: off; c > 1 bounds the loss of negative advantages
+      ratio_cap=0.0,           # 0: off; two-sided cap delta on the ratio (TRL)
+      cispo_convention="two_sided",  # two_sided (verl 1±eps) | absolute_cap (TRL)
+      cispo_cap=5.0,
+      clip_cov_ratio=2e-4,
+      clip_cov_low=1.0,
+      clip_cov_high=5.0,
+      kl_cov_ratio=2e-4,
+      kl_cov_coef=1.0,
+      loss_agg="seq_mean_token_mean",
+      epochs=1,
+      minibatches=1,
+      microbatches=1,
+      # KL to a reference policy
+      kl_placement="none",     # none | reward | loss
+      kl_estimator="low_var_kl",
+      kl_coef=0.0,
+      kl_controller="fixed",   # fixed | adaptive
+      kl_target=0.1,
+      kl_horizon=10000,
+      # entropy and token weighting
+      entropy_coef=0.0,
+      high_entropy_fraction=0.0,   # 0: off; 0.2 keeps the top-20% entropy tokens
+      psr_weight=1.0,              # weight of positive-advantage samples
+      nsr_weight=1.0,              # weight of negative-advantage samples
+      # train-inference mismatch
+      old_logp_source="recompute",  # recompute | sampler
+      is_correction="none",         # none | tis | icepop
+      is_level="token",             # token | sequence
+      tis_cap=2.0,
+      icepop_low=0.5,
+      icepop_high=2.0,
+      # rewards and filters
+      reward_norm=False,
+      reward_clip=0.0,              # 0: off
+      overlong_filter=False,
+      soft_overlong=False,
+      overlong_cache_len=8,
+      length_penalty=0.0,
+      dynamic_sampling=False,
+      dynamic_sampling_max_rounds=4,
+      # PPO critic
+      value_clip=0.2,
+      vf_coef=1.0,
+      critic_warmup_iterations=0,
+      ptx_coef=0.0,                 # SFT loss on demonstrations mixed into the RL loss
+  ))
+
+  c.optim = ConfigDict(dict(
+      actor_lr=3e-4,
+      critic_lr=6e-4,
+      warmup_steps=5,
+      weight_decay=0.0,
+      b1=0.9,
+      b2=0.99,
+      grad_clip=1.0,
+  ))
+
+  c.parallel = ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  return c
+
+
+def _import_module(path: pathlib.Path):
+  spec = importlib.util.spec_from_file_location(f"rljax_experiment_{path.stem}", path)
+  if spec is None or spec.loader is None:
+    raise FileNotFoundError(f"cannot import experiment file {path}")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_config(spec: str, overrides: dict | None = None) -> ConfigDict:
+  """Loads `path[:arg]`, locks it, applies dotted overrides and validates it.
+
+  Args:
+    spec: "experiments/grpo.py" or "experiments/dapo.py:clip_higher".
+    overrides: {"algo.eps_high": 0.28, ...}; an unknown key raises KeyError.
+  """
+  from rljax.train.validate import validate
+
+  path_str, _, arg = spec.partition(":")
+  path = pathlib.Path(path_str)
+  if not path.is_file():
+    raise FileNotFoundError(f"experiment file not found: {path}")
+  config = _import_module(path).get_config(arg or None)
+  config.lock()
+  apply_overrides(config, overrides or {})
+  validate(config)
+  return config
+
+
+def apply_overrides(config: ConfigDict, overrides: dict) -> ConfigDict:
+  """Sets dotted fields in place; unknown groups or fields fail with the field name."""
+  for dotted, value in overrides.items():
+    *groups, leaf = dotted.split(".")
+    node = config
+    for g in groups:
+      if g not in node:
+        raise KeyError(f"unknown config group '{g}' in '{dotted}'; groups: {sorted(node.keys())}")
+      node = node[g]
+    if leaf not in node:
+      raise KeyError(f"unknown config field '{dotted}'; fields of this group: {sorted(node.keys())}")
+    node[leaf] = value
+  return config
+
+
+def parse_override_value(text: str):
+  """'0.28' -> 0.28, 'true' -> True, 'grpo' -> 'grpo' (command-line overrides)."""
+  lowered = text.lower()
+  if lowered in ("true", "false"):
+    return lowered == "true"
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text

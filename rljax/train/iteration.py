@@ -1,0 +1,204 @@
+"""One RL iteration: rollout -> score -> old/ref log-probs and values -> advantages -> updates."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.ops import kl as kl_ops
+from rljax.ops import masks, mismatch, shaping
+from rljax.ops.stats import masked_mean
+from rljax.train import objective, rollout
+from rljax.train.advantages import compute_advantages
+
+UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
+               "advantages", "returns", "old_values", "token_weights", "is_weights", "rng")
+
+
+class ForwardFns:
+  """Jitted forward passes over a whole rollout batch (compiled once per run)."""
+
+  def __init__(self, setup):
+    temperature = setup.loss_spec.temperature
+    actor_gd, critic_gd = setup.actor_graphdef, setup.critic_graphdef
+
+    @jax.jit
+    def policy_stats(params, batch):
+      return objective.policy_forward(nnx.merge(actor_gd, params), batch, temperature=temperature)
+
+    @jax.jit
+    def values(params, batch):
+      return objective.value_forward(nnx.merge(critic_gd, params), batch)
+
+    self.policy_stats, self.values = policy_stats, values
+
+  def compile_count(self):
+    return self.policy_stats._cache_size() + self.values._cache_size()
+
+
+def iteration_keys(state, iteration):
+  base = jax.random.fold_in(jax.random.wrap_key_data(state.rng), iteration)
+  return dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
+
+
+def draw_prompts_fn(setup, iteration):
+  """Uniform prompt draws, deterministic in (seed, iteration, round): resumable by construction."""
+  prompts = setup.task.train_prompts()
+  rounds = iter(range(1_000_000))
+
+  def draw(k):
+    rng = np.random.default_rng([setup.config.run.seed, iteration, next(rounds)])
+    return [prompts[i] for i in rng.choice(len(prompts), size=k, replace=len(prompts) < k)]
+  return draw
+
+
+def shape_scores(config, rows, moments):
+  """Soft overlong punishment, length penalty, reward normalisation and clipping."""
+  a, s = config.algo, config.sampling
+  scores = jnp.asarray(rows["scores"])
+  lengths = jnp.asarray(rows["lengths"])
+  if a.soft_overlong:
+    scores = scores + shaping.soft_overlong_penalty(lengths, max_len=s.max_new_tokens,
+                                                    cache_len=a.overlong_cache_len)
+  if a.length_penalty:
+    scores = scores + shaping.length_penalty(
+        lengths.reshape(-1, s.n), jnp.asarray(rows["accuracy"]).reshape(-1, s.n),
+        coef=a.length_penalty).reshape(-1)
+  if a.reward_norm:
+    moments = moments.update(scores, jnp.ones_like(scores))
+    scores = shaping.normalize_rewards(scores, moments)
+  if a.reward_clip:
+    scores = shaping.clip_rewards(scores, clip=a.reward_clip)
+  return scores, moments
+
+
+def correction_weights(config, old_logp, sampler_logp, mask):
+  """Train-inference correction weights (TIS / IcePop) per token, or ones."""
+  a = config.algo
+  if a.is_correction == "none" or a.old_logp_source == "sampler":
+    return jnp.ones_like(old_logp)
+  if a.is_correction == "tis":
+    return mismatch.truncated_is_weights(old_logp, sampler_logp, mask, cap=a.tis_cap,
+                                         level=a.is_level)
+  return mismatch.icepop_weights(old_logp, sampler_logp, mask, low=a.icepop_low,
+                                 high=a.icepop_high, level=a.is_level)
+
+
+def prepare(setup, fns, state, rows, keys, moments):
+  """Everything the update needs, as device arrays; plus rollout metrics."""
+  c = setup.config
+  a = c.algo
+  batch = {k: jnp.asarray(rows[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
+  old_logp, entropy = fns.policy_stats(state.actor, batch)
+  sampler_logp = jnp.asarray(rows["sampler_logp"])
+  mask = batch["mask"].astype(jnp.float32)
+  if a.old_logp_source == "sampler":
+    old_logp = sampler_logp
+  batch["old_logp"] = old_logp
+  batch["ref_logp"] = fns.policy_stats(state.ref, batch)[0] if state.ref is not None else old_logp
+  batch["values"] = (fns.values(state.critic, batch) if state.critic is not None
+                     else jnp.zeros_like(old_logp))
+  scores, moments = shape_scores(c, rows, moments)
+  batch["scores"], batch["valid"] = scores, jnp.ones(scores.shape, jnp.float32)
+  if a.advantage == "remax":
+    batch["greedy_scores"] = jnp.asarray(rows["greedy_scores"])
+  adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
+  weights = jnp.ones_like(adv)
+  if a.psr_weight != 1.0 or a.nsr_weight != 1.0:
+    weights = weights * masks.psr_nsr_weights(adv, positive_weight=a.psr_weight,
+                                              negative_weight=a.nsr_weight)
+  if a.high_entropy_fraction > 0:
+    weights = weights * masks.high_entropy_mask(entropy, mask,
+                                                top_fraction=a.high_entropy_fraction)
+  loss_mask = batch["mask"]
+  if a.overlong_filter:
+    loss_mask = masks.overlong_filter_mask(loss_mask, jnp.asarray(rows["truncated"]))
+  b = mask.shape[0]
+  upd = dict(prompt_tokens=batch["prompt_tokens"], prompt_mask=batch["prompt_mask"],
+             tokens=batch["tokens"], mask=loss_mask, old_logp=old_logp,
+             ref_logp=batch["ref_logp"], advantages=adv, returns=returns,
+             old_values=batch["values"], token_weights=weights,
+             is_weights=correction_weights(c, old_logp, sampler_logp, mask),
+             rng=jax.random.key_data(jax.random.split(keys["update"], b)))
+  gap = (old_logp - sampler_logp) * mask
+  metrics = {
+      "train/reward": float(jnp.mean(scores)), "train/raw_score": float(np.mean(rows["scores"])),
+      "train/accuracy": float(np.mean(rows["accuracy"])),
+      "train/format": float(np.mean(rows["format"])),
+      "train/response_length_mean": float(np.mean(rows["lengths"])),
+      "train/response_length_max": float(np.max(rows["lengths"])),
+      "train/truncated_frac": float(np.mean(rows["truncated"])),
+      "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
+      "train/entropy_rollout": float(masked_mean(entropy, mask)),
+      "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
+                                             jnp.any(adv != 0, axis=1))),
+      "mismatch/logp_gap_mean": float(jnp.sum(jnp.abs(gap)) / jnp.maximum(jnp.sum(mask), 1)),
+      "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
+      "kl/coef": float(state.kl_coef),
+  }
+  if state.ref is not None:
+    kl_ref = kl_ops.kl_estimate(old_logp, batch["ref_logp"], "k3")
+    metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
+  if state.critic is not None:
+    resid = masked_mean(jnp.square(returns - batch["values"]), mask)
+    var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
+    metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
+  return upd, metrics, moments
+
+
+def run_updates(setup, state, upd, keys, *, train_actor):
+  """`epochs × minibatches` update steps over a shuffled batch; returns (state, mean metrics)."""
+  a = setup.config.algo
+  b = upd["mask"].shape[0]
+  per_mb = b // a.minibatches
+  sums, count = {}, 0
+  for epoch in range(a.epochs):
+    perm = jax.random.permutation(jax.random.fold_in(keys["update"], epoch), b)
+    for m in range(a.minibatches):
+      index = perm[m * per_mb:(m + 1) * per_mb]
+      minibatch = {k: upd[k][index] for k in UPDATE_KEYS}
+      minibatch["kl_coef"] = state.kl_coef
+      state, metrics = setup.update_step(state, minibatch, jnp.asarray(train_actor))
+      for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+      count += 1
+  return state, {f"update/{k}": v / count for k, v in sums.items()}
+
+
+def rl_iteration(setup, fns, state, iteration, moments, model):
+  """Runs one iteration; returns (state, metrics, moments)."""
+  c = setup.config
+  keys = iteration_keys(state, iteration)
+  t0 = time.perf_counter()
+  counter = iter(range(1_000_000))
+  rows, prompts, stats = rollout.collect(
+      setup.ctx, model, draw_prompts_fn(setup, iteration),
+      lambda: jax.random.fold_in(keys["sample"], next(counter)),
+      num_prompts=c.sampling.prompts_per_iteration, dynamic_sampling=c.algo.dynamic_sampling,
+      max_rounds=c.algo.dynamic_sampling_max_rounds if c.algo.dynamic_sampling else 1)
+  if c.algo.advantage == "remax":
+    greedy = setup.ctx.sampling.replace(greedy=True, n=1)
+    g_rows = rollout.score(setup.ctx, prompts,
+                           rollout.sample(setup.ctx, model, prompts, keys["greedy"],
+                                          sampling=greedy), 1)
+    rows["greedy_scores"] = np.repeat(g_rows["scores"], c.sampling.n)
+  t1 = time.perf_counter()
+  upd, metrics, moments = prepare(setup, fns, state, rows, keys, moments)
+  train_actor = iteration >= c.algo.critic_warmup_iterations
+  state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor)
+  if c.algo.kl_controller == "adaptive" and state.ref is not None:
+    ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
+                                      horizon=c.algo.kl_horizon)
+    state = state._replace(kl_coef=jnp.asarray(
+        ctl.update(metrics.get("kl/to_ref", 0.0), upd["mask"].shape[0]).value, jnp.float32))
+  t2 = time.perf_counter()
+  tokens = float(np.sum(rows["lengths"]))
+  metrics.update(stats)
+  metrics.update(update_metrics)
+  metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                  "time/tokens_per_s": tokens / max(stats["time_generate_s"], 1e-9)})
+  return state._replace(iteration=jnp.asarray(iteration + 1, jnp.int32)), metrics, moments

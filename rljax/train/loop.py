@@ -1,0 +1,143 @@
+"""The training loop: a short function over `rl_iteration`, with resume and evaluation."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax import sampling
+from rljax.ops.shaping import RunningMoments
+from rljax.train import checkpoint, metrics, sft
+from rljax.train.evaluate import evaluate
+from rljax.train.iteration import ForwardFns, rl_iteration
+from rljax.train.setup import build, init_state
+from rljax.train.validate import validate
+
+
+class _StopFlag:
+  """Ctrl-C / SIGTERM: finish the current iteration, checkpoint, then stop."""
+
+  def __init__(self):
+    self.raised = False
+    self._old = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not in the main thread
+        pass
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    print(f"\n[rljax] signal {signum}: finishing this iteration, then checkpointing")
+    self.raised = True
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+def compile_count(setup, fns):
+  """Programs compiled so far by the sampler, the forward passes and the update step."""
+  return sampling.compile_count() + fns.compile_count() + setup.update_step._cache_size()
+
+
+def _evaluate(setup, state, seed_key):
+  c = setup.config
+  model = nnx.merge(setup.actor_graphdef, state.actor)
+  return evaluate(setup.ctx, model, setup.task.heldout_prompts(), seed_key,
+                  n=c.sampling.eval_n, temperature=c.sampling.eval_temperature)
+
+
+def _fresh_state(setup):
+  c = setup.config
+  actor = sft.warm_start(setup, setup.initial_actor)
+  with_ref = c.algo.kl_placement != "none"
+  return init_state(setup, actor, with_reference=with_ref)
+
+
+def train(config, *, stop_after=None):
+  """Runs (or resumes) an RL run; returns the RESULT dict.
+
+  Args:
+    config: a full config (see rljax.train.config.base_config).
+    stop_after: stop (with a checkpoint) after this many iterations of this call; for tests.
+  """
+  validate(config)
+  t_start = time.perf_counter()
+  setup = build(config)
+  c = config
+  run_dir = pathlib.Path(c.run.dir)
+  run_dir.mkdir(parents=True, exist_ok=True)
+  (run_dir / "config.json").write_text(c.to_json_best_effort(indent=2, sort_keys=True))
+  ckpt = checkpoint.Checkpointer(run_dir, keep=c.run.keep_checkpoints)
+  writer = metrics.MetricWriter(run_dir, tensorboard=c.run.tensorboard)
+  fns = ForwardFns(setup)
+  eval_key = jax.random.key(c.run.seed + 7)
+
+  state = _fresh_state(setup)
+  restored = ckpt.restore_latest(state)
+  moments = RunningMoments.create()
+  if restored is not None:
+    step, state, host = restored
+    moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
+    start, acc_before = int(state.iteration), host["heldout_acc_before"]
+    print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {run_dir}")
+  else:
+    start = 0
+    acc_before = _evaluate(setup, state, eval_key)["accuracy"]
+  writer.truncate_after(start)
+
+  def host_state():
+    return {"heldout_acc_before": acc_before, "reward_moments": [float(x) for x in moments]}
+
+  iterations = range(start, c.run.iterations)
+  if c.run.progress:
+    from tqdm import tqdm
+    iterations = tqdm(iterations, desc="RL", initial=start, total=c.run.iterations)
+  done = 0
+  with _StopFlag() as stop:
+    for it in iterations:
+      model = nnx.merge(setup.actor_graphdef, state.actor)
+      state, m, moments = rl_iteration(setup, fns, state, it, moments, model)
+      if int(state.nonfinite_in_row) >= c.run.max_nonfinite_in_row:
+        raise FloatingPointError(
+            f"{int(state.nonfinite_in_row)} updates in a row had a non-finite loss or gradient "
+            f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last good "
+            f"checkpoint in {ckpt.directory} is intact.")
+      m["compile/programs"] = compile_count(setup, fns)
+      m["update/skipped_total"] = int(state.skipped_updates)
+      if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
+        m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
+      writer.write(it + 1, m)
+      if c.run.progress:
+        iterations.set_postfix(reward=f"{m['train/reward']:.2f}",
+                               acc=f"{m['train/accuracy']:.2f}",
+                               ent=f"{m['update/entropy']:.2f}",
+                               len=f"{m['train/response_length_mean']:.1f}")
+      done += 1
+      last = it + 1 == c.run.iterations
+      interrupted = stop.raised or (stop_after is not None and done >= stop_after)
+      if last or interrupted or (c.run.save_every and (it + 1) % c.run.save_every == 0):
+        ckpt.save(it + 1, state, host_state())
+      if interrupted:
+        break
+  ckpt.close()
+  after = _evaluate(setup, state, eval_key)
+  writer.close()
+  if c.run.plots:
+    metrics.plot_run(run_dir)
+  result = {"heldout_acc_before": acc_before, "heldout_acc_after": after["accuracy"],
+            "wall_s": round(time.perf_counter() - t_start, 1),
+            "iterations": int(state.iteration)}
+  result.update({f"heldout_{k}": v for k, v in after.items() if k != "accuracy"})
+  (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+  return result

@@ -1,0 +1,186 @@
+"""The RL objective, assembled from `rljax.ops` for one micro-batch.
+
+`LossSpec` is the static, hashable slice of the config that the loss needs; it is
+derived once by `loss_spec(config)` (nothing writes back into the config). The loss
+returns *sums*: every term is `sum / global_denominator` where the denominators were
+computed over the whole minibatch beforehand, so gradients accumulated over
+micro-batches equal the full-minibatch gradient exactly (PEERS, user ask 8).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from rljax.models.logprobs import token_logprobs_and_entropy
+from rljax.ops import aggregate as agg
+from rljax.ops import kl as kl_ops
+from rljax.ops import policy_loss as pl
+from rljax.ops import value as value_ops
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  """Static choices of the objective (a hashable jit argument)."""
+
+  policy_loss: str
+  ratio_level: str
+  eps_low: float
+  eps_high: float
+  dual_clip: float | None
+  ratio_cap: float | None
+  cispo_convention: str
+  cispo_cap: float
+  clip_cov_ratio: float
+  clip_cov_bounds: tuple[float, float]
+  kl_cov_ratio: float
+  kl_cov_coef: float
+  loss_agg: str
+  max_len: int
+  kl_in_loss: bool
+  kl_estimator: str
+  entropy_coef: float
+  use_critic: bool
+  value_clip: float
+  vf_coef: float
+  ptx_coef: float
+  temperature: float
+
+
+def loss_spec(config) -> LossSpec:
+  """The one place that reads objective fields from the config."""
+  a = config.algo
+  return LossSpec(
+      policy_loss=a.policy_loss, ratio_level=a.ratio_level,
+      eps_low=float(a.eps_low), eps_high=float(a.eps_high),
+      dual_clip=float(a.dual_clip) or None, ratio_cap=float(a.ratio_cap) or None,
+      cispo_convention=a.cispo_convention, cispo_cap=float(a.cispo_cap),
+      clip_cov_ratio=float(a.clip_cov_ratio),
+      clip_cov_bounds=(float(a.clip_cov_low), float(a.clip_cov_high)),
+      kl_cov_ratio=float(a.kl_cov_ratio), kl_cov_coef=float(a.kl_cov_coef),
+      loss_agg=a.loss_agg, max_len=int(config.sampling.max_new_tokens),
+      kl_in_loss=a.kl_placement == "loss", kl_estimator=a.kl_estimator,
+      entropy_coef=float(a.entropy_coef), use_critic=a.advantage == "gae",
+      value_clip=float(a.value_clip), vf_coef=float(a.vf_coef), ptx_coef=float(a.ptx_coef),
+      temperature=float(config.sampling.temperature),
+  )
+
+
+def full_sequence(batch):
+  """Prompt + completion as one left-padded sequence with positions.
+
+  Positions count real tokens only, so they match what the sampler used.
+  """
+  tokens = jnp.concatenate([batch["prompt_tokens"], batch["tokens"]], axis=1)
+  attention = jnp.concatenate(
+      [batch["prompt_mask"], jnp.ones_like(batch["tokens"])], axis=1).astype(jnp.int32)
+  positions = jnp.maximum(jnp.cumsum(attention, axis=1) - 1, 0)
+  return tokens, positions, attention
+
+
+def policy_forward(model, batch, *, temperature):
+  """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T])."""
+  tokens, positions, attention = full_sequence(batch)
+  return token_logprobs_and_entropy(
+      model, tokens, positions, attention,
+      prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
+
+
+def value_forward(critic, batch):
+  """Critic values V(s_t) for each completion token t: [B,T] (state before token t)."""
+  tokens, positions, attention = full_sequence(batch)
+  prompt_len = batch["prompt_tokens"].shape[1]
+  values_bs = critic(tokens, positions=positions, attention_mask=attention)
+  return values_bs[:, prompt_len - 1:-1]
+
+
+def policy_terms(spec: LossSpec, logp, batch):
+  """Per-token policy loss [B,T] and diagnostics for the configured loss kind."""
+  common = (logp, batch["old_logp"], batch["advantages"], batch["mask"])
+  if spec.policy_loss == "ppo":
+    return pl.policy_loss(*common, ratio_level=spec.ratio_level, eps_low=spec.eps_low,
+                          eps_high=spec.eps_high, dual_clip=spec.dual_clip,
+                          ratio_cap=spec.ratio_cap)
+  if spec.policy_loss == "cispo":
+    if spec.cispo_convention == "absolute_cap":
+      return pl.cispo_loss(*common, convention="absolute_cap", cap=spec.cispo_cap)
+    return pl.cispo_loss(*common, convention="two_sided", eps_low=spec.eps_low,
+                         eps_high=spec.eps_high)
+  if spec.policy_loss == "reinforce":
+    return pl.reinforce_loss(*common)
+  if spec.policy_loss == "clip_cov":
+    return pl.clip_cov_loss(*common, batch["rng"][0], eps_low=spec.eps_low, eps_high=spec.eps_high,
+                            select_ratio=spec.clip_cov_ratio, cov_bounds=spec.clip_cov_bounds)
+  if spec.policy_loss == "kl_cov":
+    return pl.kl_cov_loss(*common, select_ratio=spec.kl_cov_ratio, kl_coef=spec.kl_cov_coef)
+  raise ValueError(f"unknown policy_loss {spec.policy_loss!r}")
+
+
+def denominators(spec: LossSpec, mask):
+  """Global normalisers of one minibatch (computed before splitting into micro-batches)."""
+  zeros = jnp.zeros(mask.shape, jnp.float32)
+  _, policy = agg.aggregate_parts(zeros, mask, spec.loss_agg, max_len=spec.max_len)
+  _, tokens = agg.aggregate_parts(zeros, mask, "token_mean")
+  # An empty minibatch (e.g. everything filtered) has zero sums; 1 avoids 0/0.
+  return {"policy": jnp.where(policy > 0, policy, 1.0), "tokens": jnp.maximum(tokens, 1.0)}
+
+
+def _sum(per_token, mask, mode, spec):
+  return agg.aggregate_parts(per_token, mask, mode, max_len=spec.max_len)[0]
+
+
+def micro_loss(spec: LossSpec, actor, critic, batch, denom):
+  """Loss of one micro-batch, normalised by the minibatch denominators.
+
+  Returns:
+    (loss scalar, metric sums): divide each metric sum by `denom["tokens"]` (token
+    metrics) after summing over micro-batches.
+  """
+  mask = batch["mask"].astype(jnp.float32)
+  logp, entropy = policy_forward(actor, batch, temperature=spec.temperature)
+  loss_bt, diag = policy_terms(spec, logp, batch)
+  weighted = loss_bt * batch["token_weights"] * batch["is_weights"]
+  pg = _sum(weighted, mask, spec.loss_agg, spec) / denom["policy"]
+  loss = pg
+  tok = lambda x: _sum(x, mask, "token_mean", spec)  # noqa: E731
+  metrics = {
+      "pg_loss": pg * denom["tokens"], "entropy": tok(entropy),
+      "clip_low": tok(diag.clip_low_bt), "clip_high": tok(diag.clip_high_bt),
+      "clip_dual": tok(diag.clip_dual_bt), "ratio": tok(diag.ratio_bt),
+      "approx_kl_old": tok(diag.approx_kl_bt),
+  }
+  if spec.entropy_coef:
+    ent = _sum(entropy, mask, spec.loss_agg, spec) / denom["policy"]
+    loss = loss - spec.entropy_coef * ent
+  if spec.kl_in_loss:
+    kl_bt = kl_ops.kl_estimate(logp, batch["ref_logp"], spec.kl_estimator)
+    loss = loss + batch["kl_coef"] * _sum(kl_bt, mask, spec.loss_agg, spec) / denom["policy"]
+    metrics["kl_ref"] = tok(kl_bt)
+  if spec.use_critic:
+    values = value_forward(critic, batch)
+    vf_bt, vf_diag = value_ops.value_loss(values, batch["old_values"], batch["returns"],
+                                          mask, clip_range=spec.value_clip)
+    loss = loss + spec.vf_coef * tok(vf_bt) / denom["tokens"]
+    metrics["value_loss"] = tok(vf_bt)
+    metrics["value_clip_frac"] = tok(vf_diag.clipped_bt)
+  if spec.ptx_coef:
+    nll_sum, _ = sft_nll(actor, batch["ptx"])
+    loss = loss + spec.ptx_coef * nll_sum / denom["ptx_tokens"]
+    metrics["ptx_nll"] = nll_sum / denom["ptx_tokens"] * denom["tokens"]
+  return loss, metrics
+
+
+def sft_nll(model, demo):
+  """Negative log-likelihood of demonstration completions: (sum over tokens, token count).
+
+  Used for the SFT cold start and the ptx term (InstructGPT's pre-training mix).
+  """
+  logp, _ = policy_forward(model, demo, temperature=1.0)
+  mask = demo["mask"].astype(jnp.float32)
+  return -jnp.sum(logp * mask), jnp.sum(mask)
+
+
+def stop_gradient_tree(tree):
+  return jax.tree.map(jax.lax.stop_gradient, tree)

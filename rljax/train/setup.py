@@ -1,0 +1,132 @@
+"""Build everything a run needs from a validated config (once, before the loop)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rljax import parallel
+from rljax.data.batching import bucket_length
+from rljax.data.tasks import make_task
+from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
+from rljax.models import Decoder, ModelConfig, load_hf
+from rljax.models.heads import ValueModel
+from rljax.sampling import SamplingParams
+from rljax.train import advantages, objective, update
+from rljax.train.rollout import RolloutContext
+from rljax.train.validate import ConfigError
+
+
+@dataclasses.dataclass
+class Setup:
+  config: object
+  tokenizer: object
+  task: object
+  model_cfg: ModelConfig
+  actor_graphdef: object
+  critic_graphdef: object
+  mesh: object
+  ctx: RolloutContext
+  loss_spec: objective.LossSpec
+  adv_spec: advantages.AdvantageSpec
+  actor_tx: object
+  critic_tx: object
+  update_step: object
+  initial_actor: object       # nnx.State
+  initial_critic: object      # nnx.State or None
+
+
+def build_task(config):
+  t = config.task
+  hi = t.difficulty_max or t.difficulty
+  return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight)
+
+
+def tiny_model_config(config, vocab_size) -> ModelConfig:
+  m = config.model
+  return ModelConfig(
+      vocab_size=m.vocab_size or vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
+      max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, arch="qwen2")
+
+
+def build_models(config, tokenizer):
+  """(actor, critic or None, model config). HF checkpoints or a tiny random decoder."""
+  rngs = nnx.Rngs(config.run.seed)
+  if config.model.hf_path:
+    actor, model_cfg = load_hf(config.model.hf_path, dtype=config.model.dtype)
+  else:
+    model_cfg = tiny_model_config(config, tokenizer.vocab_size)
+    actor = Decoder(model_cfg, rngs=rngs)
+  check_vocab(tokenizer, model_cfg.vocab_size)
+  critic = None
+  if config.algo.advantage == "gae":
+    critic = ValueModel(model_cfg, rngs=nnx.Rngs(config.run.seed + 1))
+  return actor, critic, model_cfg
+
+
+def optimizer(config, lr):
+  o = config.optim
+  return update.make_optimizer(lr, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
+                               b1=o.b1, b2=o.b2, grad_clip=o.grad_clip)
+
+
+def build(config) -> Setup:
+  """Tokenizer, task, models, mesh, sampling params, specs, optimizers, update step."""
+  tokenizer = HFTokenizer(config.model.hf_path) if config.model.hf_path else CharTokenizer()
+  task = build_task(config)
+  actor, critic, model_cfg = build_models(config, tokenizer)
+  prompt_len = bucket_length(task.max_prompt_len + 1)   # + bos
+  if prompt_len + config.sampling.max_new_tokens > config.model.max_position_embeddings:
+    raise ConfigError(
+        f"prompt bucket {prompt_len} + sampling.max_new_tokens={config.sampling.max_new_tokens} "
+        f"exceeds model.max_position_embeddings={config.model.max_position_embeddings}")
+  p = config.parallel
+  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor)
+  parallel.shard_model(actor, mesh)
+  if critic is not None:
+    parallel.shard_model(critic, mesh)
+  s = config.sampling
+  sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                            top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, n=s.n,
+                            stop_tokens=(tokenizer.eos_id,))
+  from rljax.rewards.base import contained_reward
+  reward_fn = contained_reward(task.score, on_failure="score_failure")
+  ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
+                       reward_fn=reward_fn)
+  actor_graphdef, actor_state = nnx.split(actor)
+  critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
+  spec = objective.loss_spec(config)
+  actor_tx = optimizer(config, config.optim.actor_lr)
+  critic_tx = optimizer(config, config.optim.critic_lr)
+  batch = s.prompts_per_iteration * s.n
+  num_micro = config.algo.microbatches
+  del batch
+  step = update.build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx,
+                                  num_micro)
+  return Setup(config=config, tokenizer=tokenizer, task=task, model_cfg=model_cfg,
+               actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef, mesh=mesh, ctx=ctx,
+               loss_spec=spec, adv_spec=advantages.advantage_spec(config), actor_tx=actor_tx,
+               critic_tx=critic_tx, update_step=step, initial_actor=actor_state,
+               initial_critic=critic_state)
+
+
+def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.TrainState:
+  """A fresh TrainState around (possibly SFT-initialised) actor parameters."""
+  c = setup.config
+  critic = setup.initial_critic
+  copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
+  return update.TrainState(
+      step=jnp.zeros((), jnp.int32), iteration=jnp.zeros((), jnp.int32),
+      actor=actor_params, actor_opt=setup.actor_tx.init(actor_params),
+      critic=critic, critic_opt=setup.critic_tx.init(critic) if critic is not None else None,
+      ref=copy(actor_params) if with_reference else None,
+      kl_coef=jnp.asarray(c.algo.kl_coef, jnp.float32),
+      rng=jax.random.key_data(jax.random.key(c.run.seed)),
+      skipped_updates=jnp.zeros((), jnp.int32), nonfinite_in_row=jnp.zeros((), jnp.int32))

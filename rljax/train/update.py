@@ -1,0 +1,114 @@
+"""TrainState and the jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`.
+
+The minibatch is split into micro-batches scanned with `lax.scan`; gradients of the
+globally normalised micro-losses are summed, so the update does not depend on the
+split. A non-finite gradient norm skips the update (parameters and optimizer state
+unchanged) and is counted.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rljax.train import objective
+
+
+class TrainState(NamedTuple):
+  """Everything that changes during a run, as one pytree (checkpointed whole)."""
+
+  step: jax.Array                # optimizer steps taken
+  iteration: jax.Array           # RL iterations completed
+  actor: Any                     # nnx.State of the policy parameters
+  actor_opt: Any
+  critic: Any                    # nnx.State of the critic, or None
+  critic_opt: Any
+  ref: Any                       # frozen reference policy parameters, or None
+  kl_coef: jax.Array             # current KL coefficient (fixed or adaptive controller)
+  rng: jax.Array
+  skipped_updates: jax.Array     # total non-finite updates skipped
+  nonfinite_in_row: jax.Array
+
+
+def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
+  """AdamW with linear warm-up and global-norm clipping (optax)."""
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
+      [max(warmup_steps, 1)])
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
+  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  return optax.chain(*parts)
+
+
+def split_micro(tree, num_micro):
+  """[B, ...] leaves -> [num_micro, B/num_micro, ...]; scalars are broadcast."""
+  def split(x):
+    if jnp.ndim(x) == 0:
+      return jnp.broadcast_to(x, (num_micro,))
+    return x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+  return jax.tree.map(split, tree)
+
+
+def _apply(tx, grads, opt_state, params, enabled):
+  """One optimizer step, or no change at all when `enabled` is False."""
+  updates, new_opt = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(enabled, n, o), new, old)  # noqa: E731
+  return keep(new_params, params), keep(new_opt, opt_state)
+
+
+def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro):
+  """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`."""
+
+  def micro(params, minibatch, denom):
+    actor_params, critic_params = params
+    actor = nnx.merge(actor_graphdef, actor_params)
+    critic = nnx.merge(critic_graphdef, critic_params) if critic_params is not None else None
+    return objective.micro_loss(spec, actor, critic, minibatch, denom)
+
+  grad_fn = jax.value_and_grad(micro, has_aux=True)
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def update_step(state: TrainState, minibatch, train_actor):
+    denom = objective.denominators(spec, minibatch["mask"])
+    if "ptx" in minibatch:
+      denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
+    params = (state.actor, state.critic)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+
+    def body(carry, mb):
+      grads, loss, sums = carry
+      (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom)
+      sums = jax.tree.map(jnp.add, sums, micro_metrics)
+      return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), None
+
+    micro_batches = split_micro(minibatch, num_micro)
+    first = jax.tree.map(lambda x: x[0], micro_batches)
+    _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom))
+    init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, metric_shape))
+    (grads, loss, sums), _ = jax.lax.scan(body, init, micro_batches)
+
+    actor_norm = optax.global_norm(grads[0])
+    critic_norm = optax.global_norm(grads[1]) if state.critic is not None else jnp.zeros(())
+    finite = jnp.isfinite(loss) & jnp.isfinite(actor_norm) & jnp.isfinite(critic_norm)
+    actor, actor_opt = _apply(actor_tx, grads[0], state.actor_opt, state.actor,
+                              finite & train_actor)
+    critic, critic_opt = state.critic, state.critic_opt
+    if state.critic is not None:
+      critic, critic_opt = _apply(critic_tx, grads[1], critic_opt, critic, finite)
+    metrics = {k: v / denom["tokens"] for k, v in sums.items()}
+    metrics.update(loss=loss, grad_norm=actor_norm, critic_grad_norm=critic_norm,
+                   skipped=(~finite).astype(jnp.float32))
+    new_state = state._replace(
+        step=state.step + finite.astype(jnp.int32), actor=actor, actor_opt=actor_opt,
+        critic=critic, critic_opt=critic_opt,
+        skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32),
+        nonfinite_in_row=jnp.where(finite, 0, state.nonfinite_in_row + 1))
+    return new_state, metrics
+
+  return update_step

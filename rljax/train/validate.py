@@ -1,0 +1,174 @@
+"""Config validation, once, before anything compiles.
+
+Every problem is reported by field name with the allowed values; all problems are
+collected and raised together as one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import jax
+
+ADVANTAGE_MODES = (
+    "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+    "remax", "gae", "pass_at_k",
+)
+POLICY_LOSS_KINDS = ("ppo", "cispo", "reinforce", "clip_cov", "kl_cov")
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+AGGREGATION_MODES = (
+    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
+)
+KL_PLACEMENTS = ("none", "reward", "loss")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs")
+KL_CONTROLLERS = ("fixed", "adaptive")
+IS_CORRECTIONS = ("none", "tis", "icepop")
+IS_LEVELS = ("token", "sequence")
+OLD_LOGP_SOURCES = ("recompute", "sampler")
+CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
+PROMPT_SAMPLERS = ("uniform", "curriculum", "prioritized")
+DTYPES = ("float32", "bfloat16")
+SAMPLER_DTYPES = ("", "float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+  """A config has one or more invalid fields; the message names each one."""
+
+
+def _choice(errors, config, dotted, allowed):
+  value = _get(config, dotted)
+  if value not in allowed:
+    errors.append(f"{dotted}={value!r} is not one of {list(allowed)}")
+
+
+def _get(config, dotted):
+  node = config
+  for part in dotted.split("."):
+    node = node[part]
+  return node
+
+
+def _check(errors, ok, message):
+  if not ok:
+    errors.append(message)
+
+
+def _check_choices(errors, c):
+  for dotted, allowed in (
+      ("algo.advantage", ADVANTAGE_MODES), ("algo.policy_loss", POLICY_LOSS_KINDS),
+      ("algo.ratio_level", RATIO_LEVELS), ("algo.loss_agg", AGGREGATION_MODES),
+      ("algo.kl_placement", KL_PLACEMENTS), ("algo.kl_estimator", KL_ESTIMATORS),
+      ("algo.kl_controller", KL_CONTROLLERS), ("algo.is_correction", IS_CORRECTIONS),
+      ("algo.is_level", IS_LEVELS), ("algo.old_logp_source", OLD_LOGP_SOURCES),
+      ("algo.cispo_convention", CISPO_CONVENTIONS), ("task.prompt_sampler", PROMPT_SAMPLERS),
+      ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
+      ("sampling.sampler_dtype", SAMPLER_DTYPES),
+  ):
+    _choice(errors, c, dotted, allowed)
+
+
+def _check_ranges(errors, c):
+  a, s, o = c.algo, c.sampling, c.optim
+  _check(errors, 0.0 <= a.eps_low < 1.0, f"algo.eps_low={a.eps_low} must be in [0, 1)")
+  _check(errors, a.eps_high >= 0.0, f"algo.eps_high={a.eps_high} must be >= 0")
+  _check(errors, a.dual_clip == 0 or a.dual_clip > 1,
+         f"algo.dual_clip={a.dual_clip} must be 0 (off) or > 1")
+  _check(errors, a.ratio_cap == 0 or a.ratio_cap > 1 + a.eps_high,
+         f"algo.ratio_cap={a.ratio_cap} must be 0 (off) or > 1 + algo.eps_high")
+  _check(errors, 0.0 <= a.gamma <= 1.0, f"algo.gamma={a.gamma} must be in [0, 1]")
+  _check(errors, 0.0 <= a.lam <= 1.0, f"algo.lam={a.lam} must be in [0, 1]")
+  _check(errors, a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0")
+  _check(errors, 0.0 <= a.high_entropy_fraction <= 1.0,
+         f"algo.high_entropy_fraction={a.high_entropy_fraction} must be in [0, 1]")
+  _check(errors, a.tis_cap > 0, f"algo.tis_cap={a.tis_cap} must be > 0")
+  _check(errors, 0 <= a.icepop_low < 1 < a.icepop_high,
+         f"algo.icepop_low/high=({a.icepop_low}, {a.icepop_high}) must satisfy 0 <= low < 1 < high")
+  _check(errors, s.temperature > 0, f"sampling.temperature={s.temperature} must be > 0")
+  _check(errors, 0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
+  _check(errors, s.top_k >= 0, f"sampling.top_k={s.top_k} must be >= 0 (0: off)")
+  _check(errors, 0 <= s.min_p < 1, f"sampling.min_p={s.min_p} must be in [0, 1)")
+  _check(errors, s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
+  _check(errors, s.n >= 1, f"sampling.n={s.n} must be >= 1")
+  _check(errors, s.prompts_per_iteration >= 1,
+         f"sampling.prompts_per_iteration={s.prompts_per_iteration} must be >= 1")
+  for name in ("actor_lr", "critic_lr"):
+    _check(errors, o[name] > 0, f"optim.{name}={o[name]} must be > 0")
+  _check(errors, o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0 (0: off)")
+  _check(errors, c.run.iterations >= 0, f"run.iterations={c.run.iterations} must be >= 0")
+  _check(errors, c.run.keep_checkpoints >= 1,
+         f"run.keep_checkpoints={c.run.keep_checkpoints} must be >= 1")
+  _check(errors, c.run.max_nonfinite_in_row >= 1,
+         f"run.max_nonfinite_in_row={c.run.max_nonfinite_in_row} must be >= 1")
+
+
+def _check_combinations(errors, c):
+  a, s = c.algo, c.sampling
+  group_based = ("grpo", "rloo", "reinforce_pp_baseline", "pass_at_k", "dr_grpo")
+  if s.n < 2 and a.advantage in group_based:
+    errors.append(f"sampling.n={s.n}: algo.advantage={a.advantage!r} compares samples within a "
+                  "group and needs sampling.n >= 2")
+  if a.advantage == "pass_at_k" and not 1 <= a.pass_k <= s.n:
+    errors.append(f"algo.pass_k={a.pass_k} must be in [1, sampling.n={s.n}]")
+  if a.kl_placement != "none" and a.kl_coef == 0 and a.kl_controller == "fixed":
+    errors.append("algo.kl_coef=0 with algo.kl_placement="
+                  f"{a.kl_placement!r}: set a coefficient or kl_placement='none'")
+  if a.dynamic_sampling and a.dynamic_sampling_max_rounds < 1:
+    errors.append(f"algo.dynamic_sampling_max_rounds={a.dynamic_sampling_max_rounds}: dynamic "
+                  "sampling needs at least 1 generation round")
+  if a.soft_overlong and not 0 < a.overlong_cache_len < s.max_new_tokens:
+    errors.append(f"algo.overlong_cache_len={a.overlong_cache_len} must be in "
+                  f"(0, sampling.max_new_tokens={s.max_new_tokens})")
+  if a.critic_warmup_iterations > 0 and a.advantage != "gae":
+    errors.append("algo.critic_warmup_iterations > 0 needs a critic (algo.advantage='gae')")
+  batch = s.prompts_per_iteration * s.n
+  if batch % a.minibatches:
+    errors.append(f"algo.minibatches={a.minibatches} must divide the rollout batch "
+                  f"prompts_per_iteration*n={batch}")
+  elif (batch // a.minibatches) % a.microbatches:
+    errors.append(f"algo.microbatches={a.microbatches} must divide the minibatch size "
+                  f"{batch // a.minibatches}")
+  if a.epochs < 1:
+    errors.append(f"algo.epochs={a.epochs} must be >= 1")
+
+
+def _check_mesh(errors, c, num_devices):
+  p = c.parallel
+  sizes = [p.data, p.fsdp, p.tensor]
+  if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
+    errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
+                  ">= 1, at most one may be -1 (all remaining devices)")
+    return
+  fixed = 1
+  for v in sizes:
+    fixed *= v if v > 0 else 1
+  if num_devices % fixed:
+    errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
+    return
+  data = p.data if p.data > 0 else num_devices // fixed
+  batch_axes = data * p.fsdp
+  micro = c.sampling.prompts_per_iteration * c.sampling.n // (c.algo.minibatches *
+                                                              max(c.algo.microbatches, 1))
+  if micro % batch_axes:
+    errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
+                  f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
+
+
+def validate(config, *, num_devices: int | None = None, max_positions: int | None = None):
+  """Raises ConfigError naming every invalid field. Returns the config unchanged.
+
+  Args:
+    config: a full config (rljax.train.config.base_config() plus changes).
+    num_devices: devices of the mesh (default: jax.device_count()).
+    max_positions: the model's position limit, when known (checked against prompt +
+      completion length).
+  """
+  errors: list[str] = []
+  _check_choices(errors, config)
+  _check_ranges(errors, config)
+  _check_combinations(errors, config)
+  _check_mesh(errors, config, jax.device_count() if num_devices is None else num_devices)
+  limit = max_positions or config.model.max_position_embeddings
+  if config.sampling.max_new_tokens >= limit:
+    errors.append(f"sampling.max_new_tokens={config.sampling.max_new_tokens} leaves no room for "
+                  f"the prompt within the model's {limit} positions")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+  return config
