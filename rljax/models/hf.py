@@ -1,0 +1,269 @@
+"""Hugging Face checkpoints in and out (Llama, Qwen2, Qwen3), without PyTorch at run time.
+
+`load_hf` reads `config.json` and `*.safetensors` (one file, or shards listed in
+`model.safetensors.index.json`) from a local directory; `save_hf` writes the same layout,
+loadable by `transformers.AutoModelForCausalLM.from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from rljax.models.config import ModelConfig, RopeScaling
+from rljax.models.decoder import Decoder
+
+_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_HF_CLASS = {v: k for k, v in _ARCHITECTURES.items()}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class TensorSpec(NamedTuple):
+  """One HF tensor <-> one rljax parameter."""
+
+  hf_name: str
+  get: Callable[[Decoder], nnx.Variable]  # the rljax Variable
+  from_hf: Callable[[np.ndarray], np.ndarray]  # HF layout -> rljax layout
+  to_hf: Callable[[np.ndarray], np.ndarray]  # rljax layout -> HF layout
+
+
+def _identity(x):
+  return x
+
+
+def _in_split(d, *out):
+  """HF [prod(out), D] <-> rljax [D, *out] (q/k/v projections)."""
+  return (lambda w: w.T.reshape(d, *out), lambda w: w.reshape(d, -1).T)
+
+
+def _out_split(d, *inp):
+  """HF [D, prod(inp)] <-> rljax [*inp, D] (o projection)."""
+  return (lambda w: w.T.reshape(*inp, d), lambda w: w.reshape(-1, d).T)
+
+
+def _transpose():
+  return (lambda w: w.T, lambda w: w.T)
+
+
+def _reshape(*shape):
+  return (lambda w: w.reshape(shape), lambda w: w.reshape(-1))
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+  """The full HF <-> rljax name and layout mapping for `cfg`."""
+  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  specs = [TensorSpec("model.embed_tokens.weight", lambda m: m.embed, _identity, _identity),
+           TensorSpec("model.norm.weight", lambda m: m.final_norm.scale, _identity, _identity)]
+  if not cfg.tie_embeddings:
+    specs.append(TensorSpec("lm_head.weight", lambda m: m.lm_head, *_transpose()))
+  for i in range(cfg.num_layers):
+    p = f"model.layers.{i}."
+    lay = lambda m, i=i: m.layers[i]
+    specs += [
+        TensorSpec(p + "input_layernorm.weight", lambda m, L=lay: L(m).attn_norm.scale,
+                   _identity, _identity),
+        TensorSpec(p + "post_attention_layernorm.weight", lambda m, L=lay: L(m).mlp_norm.scale,
+                   _identity, _identity),
+        TensorSpec(p + "self_attn.q_proj.weight", lambda m, L=lay: L(m).attn.q,
+                   *_in_split(d, h, dh)),
+        TensorSpec(p + "self_attn.k_proj.weight", lambda m, L=lay: L(m).attn.k,
+                   *_in_split(d, k, dh)),
+        TensorSpec(p + "self_attn.v_proj.weight", lambda m, L=lay: L(m).attn.v,
+                   *_in_split(d, k, dh)),
+        TensorSpec(p + "self_attn.o_proj.weight", lambda m, L=lay: L(m).attn.o,
+                   *_out_split(d, h, dh)),
+        TensorSpec(p + "mlp.gate_proj.weight", lambda m, L=lay: L(m).mlp.gate, *_transpose()),
+        TensorSpec(p + "mlp.up_proj.weight", lambda m, L=lay: L(m).mlp.up, *_transpose()),
+        TensorSpec(p + "mlp.down_proj.weight", lambda m, L=lay: L(m).mlp.down, *_transpose()),
+    ]
+    if cfg.attention_bias:
+      specs += [
+          TensorSpec(p + "self_attn.q_proj.bias", lambda m, L=lay: L(m).attn.q_bias,
+                     *_reshape(h, dh)),
+          TensorSpec(p + "self_attn.k_proj.bias", lambda m, L=lay: L(m).attn.k_bias,
+                     *_reshape(k, dh)),
+          TensorSpec(p + "self_attn.v_proj.bias", lambda m, L=lay: L(m).attn.v_bias,
+                     *_reshape(k, dh)),
+      ]
+    if cfg.attention_out_bias:
+      specs.append(TensorSpec(p + "self_attn.o_proj.bias", lambda m, L=lay: L(m).attn.o_bias,
+                              _identity, _identity))
+    if cfg.qk_norm:
+      specs += [
+          TensorSpec(p + "self_attn.q_norm.weight", lambda m, L=lay: L(m).attn.q_norm.scale,
+                     _identity, _identity),
+          TensorSpec(p + "self_attn.k_norm.weight", lambda m, L=lay: L(m).attn.k_norm.scale,
+                     _identity, _identity),
+      ]
+  return specs
+
+
+def config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None) -> ModelConfig:
+  """Translates a `transformers` config.json dict into a `ModelConfig`.
+
+  Raises:
+    ValueError: unsupported architecture or feature (names it and lists what is supported).
+  """
+  archs = hf.get("architectures") or []
+  arch_name = archs[0] if archs else hf.get("model_type", "<none>")
+  arch = _ARCHITECTURES.get(arch_name) or (
+      hf.get("model_type") if not archs and hf.get("model_type") in _HF_CLASS else None)
+  if arch is None:
+    raise ValueError(f"Unsupported architecture {arch_name!r}; rljax.models.load_hf supports "
+                     f"{sorted(_ARCHITECTURES)}")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise ValueError(f"{arch_name}: hidden_act={hf['hidden_act']!r} unsupported (only 'silu')")
+  if hf.get("mlp_bias") or hf.get("use_sliding_window"):
+    raise ValueError(f"{arch_name}: mlp_bias / use_sliding_window are not supported")
+  rope = dict(hf.get("rope_parameters") or {})
+  legacy = hf.get("rope_scaling") or {}
+  theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+  scaling = {**legacy, **rope}
+  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  if kind not in ("default", "llama3"):
+    raise ValueError(f"{arch_name}: rope type {kind!r} unsupported (supported: default, llama3)")
+  heads = hf["num_attention_heads"]
+  bias = arch == "qwen2" or bool(hf.get("attention_bias", False))
+  dtype = jnp.dtype(dtype or "float32").name
+  return ModelConfig(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+      num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+      rope_scaling=scaling if kind == "llama3" else None,
+      attention_bias=bias, attention_out_bias=arch != "qwen2" and bias,
+      qk_norm=arch == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_position_embeddings=hf.get("max_position_embeddings", 4096), arch=arch,
+      dtype=dtype, param_dtype=jnp.dtype(param_dtype or dtype).name,
+      bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
+      pad_token_id=hf.get("pad_token_id"))
+
+
+def _tensor_index(path: str) -> dict[str, str]:
+  """Tensor name -> safetensors file that holds it."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+    return {k: os.path.join(path, v) for k, v in weight_map.items()}
+  files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+  if not files:
+    raise FileNotFoundError(f"No *.safetensors files in {path!r} (PyTorch .bin is not read)")
+  out = {}
+  for file in files:
+    with safe_open(file, framework="np") as f:
+      out.update({k: file for k in f.keys()})
+  return out
+
+
+def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelConfig]:
+  """Loads a local Hugging Face Llama / Qwen2 / Qwen3 checkpoint directory.
+
+  Args:
+    path: directory with config.json and *.safetensors.
+    dtype: compute dtype (default float32).
+    param_dtype: parameter storage dtype (default: `dtype`).
+  Returns:
+    (model, model_config).
+  Raises:
+    ValueError: unsupported architecture or a tensor missing from the checkpoint.
+  """
+  with open(os.path.join(path, "config.json")) as f:
+    cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  where = _tensor_index(path)
+  handles = {}
+  used = set()
+  try:
+    for spec in tensor_specs(cfg):
+      if spec.hf_name not in where:
+        raise ValueError(f"Tensor {spec.hf_name!r} missing from checkpoint {path!r} "
+                         f"({_HF_CLASS[cfg.arch]})")
+      file = where[spec.hf_name]
+      if file not in handles:
+        handles[file] = safe_open(file, framework="np").__enter__()
+      var = spec.get(model)
+      value = spec.from_hf(handles[file].get_tensor(spec.hf_name))
+      if tuple(value.shape) != tuple(var.shape):
+        raise ValueError(f"Tensor {spec.hf_name!r} has shape {value.shape} after layout "
+                         f"conversion, expected {tuple(var.shape)}")
+      var.set_value(jnp.asarray(value.astype(cfg.weight_dtype)))
+      used.add(spec.hf_name)
+  finally:
+    for h in handles.values():
+      h.__exit__(None, None, None)
+  extra = [k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES)]
+  if extra and not (cfg.tie_embeddings and extra == ["lm_head.weight"]):
+    logging.warning("load_hf(%s): %d unused tensors, e.g. %s", path, len(extra), extra[:5])
+  return model, cfg
+
+
+def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
+  """`ModelConfig` -> config.json dict for `transformers` (legacy and v5 RoPE keys)."""
+  rope_params: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+  rs: RopeScaling | None = cfg.rope_scaling
+  if rs is not None:
+    rope_params.update(rope_type="llama3", factor=rs.factor,
+                       low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
+                       original_max_position_embeddings=rs.original_max_position_embeddings)
+  out = {
+      "architectures": [_HF_CLASS[cfg.arch]], "model_type": cfg.arch,
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim, "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps,
+      "rope_theta": cfg.rope_theta, "rope_parameters": rope_params,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "torch_dtype": cfg.param_dtype, "dtype": cfg.param_dtype,
+      "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+      "pad_token_id": cfg.pad_token_id,
+  }
+  if rs is not None:
+    out["rope_scaling"] = rope_params
+  if cfg.arch != "qwen2":
+    out["attention_bias"] = cfg.attention_bias or cfg.attention_out_bias
+  else:
+    out["use_sliding_window"] = False
+  return out
+
+
+def save_hf(model: Decoder, model_config: ModelConfig, path: str) -> None:
+  """Writes config.json + model.safetensors loadable by `transformers.from_pretrained`.
+
+  Note: biases the HF architecture always has (Qwen2 q/k/v; Llama/Qwen3 q/k/v/o when
+  attention_bias) but the rljax model lacks are written as zeros, which is exact.
+  """
+  cfg = model_config
+  hf_cfg = config_to_hf(cfg)
+  # Export with the HF architecture's bias layout, zero-filling what the model lacks.
+  full_bias = cfg.arch == "qwen2" or hf_cfg.get("attention_bias", False)
+  export_cfg = cfg.replace(attention_bias=cfg.attention_bias or full_bias,
+                           attention_out_bias=cfg.arch != "qwen2" and full_bias)
+  shapes = nnx.eval_shape(lambda: Decoder(export_cfg, rngs=nnx.Rngs(0)))
+  tensors = {}
+  for spec in tensor_specs(export_cfg):
+    try:
+      value = np.asarray(spec.get(model)[...])
+    except AttributeError:  # a bias this model does not have
+      value = np.zeros(spec.get(shapes).shape, cfg.weight_dtype)
+    tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value))
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=2)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
