@@ -17,15 +17,20 @@ def entropy_from_logits(logits):
   log of a (possibly underflowed) probability (verl `entropy_from_logits`, PEERS 20).
   Logits must already be divided by the sampling temperature (PEERS 21).
 
+  Note: z is shifted by its (stop-gradient) max first, which leaves H and its gradient
+  unchanged but avoids cancelling two large numbers when logits are large; −inf logits
+  (filtered vocabulary) contribute 0.
+
   Args:
     logits: float [..., V] (any float dtype; upcast to float32 inside).
   Returns:
     entropy in nats, float32 [...].
   """
   z = logits.astype(jnp.float32)
+  z = z - jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))  # no cancellation
   lse = jax.nn.logsumexp(z, axis=-1)
   p = jax.nn.softmax(z, axis=-1)
-  return lse - jnp.sum(p * z, axis=-1)
+  return lse - jnp.sum(jnp.where(p > 0, p * z, 0.0), axis=-1)
 
 
 def chunked_entropy(inputs_bt, logits_fn, *, chunk_size):
