@@ -1,0 +1,189 @@
+"""Token filters and SamplingParams: golden values, a NumPy reference, chi-square tests."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from rljax.sampling import SamplingParams, filter_logits, sample_tokens, truncated_log_softmax
+from rljax.sampling.filters import min_p_keep, top_k_keep, top_p_keep
+
+
+def reference_probs(logits_v, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+  """The sampled-from distribution, written from the papers' definitions in NumPy (float64).
+
+  temperature (softmax z/τ) -> top-k (Fan et al. 2018) -> top-p (Holtzman et al. 2019:
+  smallest most-likely set with mass >= p, on the top-k renormalised distribution) ->
+  min-p (Nguyen et al. 2024: p >= min_p · p_max) -> renormalise.
+  """
+  z = np.asarray(logits_v, np.float64) / temperature
+  p = np.exp(z - z.max())
+  p /= p.sum()
+  keep = np.ones_like(p, bool)
+  if top_k:
+    keep &= p >= np.sort(p)[::-1][min(top_k, len(p)) - 1]
+  q = np.where(keep, p, 0.0) / np.where(keep, p, 0.0).sum()
+  if top_p < 1.0:
+    order = np.argsort(-q, kind="stable")
+    mass = 0.0
+    nucleus = np.zeros_like(keep)
+    for i in order:
+      nucleus[i] = True
+      mass += q[i]
+      if mass >= top_p:
+        break
+    keep &= nucleus
+  if min_p > 0.0:
+    keep &= p >= min_p * p.max()
+  out = np.where(keep, p, 0.0)
+  return out / out.sum()
+
+
+PROBS_4 = np.array([0.5, 0.3, 0.15, 0.05])
+LOGITS_4 = np.log(PROBS_4).astype(np.float32)
+
+
+@pytest.mark.parametrize("k,kept", [(1, [1, 0, 0, 0]), (2, [1, 1, 0, 0]), (4, [1, 1, 1, 1])])
+def test_top_k_golden(k, kept):
+  np.testing.assert_array_equal(top_k_keep(jnp.asarray(LOGITS_4), k=k), np.array(kept, bool))
+
+
+@pytest.mark.parametrize("p,kept", [
+    (0.01, [1, 0, 0, 0]), (0.5, [1, 0, 0, 0]), (0.75, [1, 1, 0, 0]), (0.9, [1, 1, 1, 0]),
+    (1.0, [1, 1, 1, 1])])
+def test_top_p_golden_smallest_set_with_mass_at_least_p(p, kept):
+  # masses of the sorted prefix: 0.5, 0.8, 0.95, 1.0
+  np.testing.assert_array_equal(top_p_keep(jnp.asarray(LOGITS_4), p=p), np.array(kept, bool))
+
+
+@pytest.mark.parametrize("min_p,kept", [
+    (0.0, [1, 1, 1, 1]), (0.05, [1, 1, 1, 1]), (0.25, [1, 1, 1, 0]), (0.35, [1, 1, 0, 0]),
+    (0.9, [1, 0, 0, 0])])
+def test_min_p_golden_threshold_scales_with_max(min_p, kept):
+  # threshold min_p · 0.5: 0.025, 0.125, 0.175, 0.45
+  np.testing.assert_array_equal(min_p_keep(jnp.asarray(LOGITS_4), min_p=min_p),
+                                np.array(kept, bool))
+
+
+def test_min_p_is_invariant_to_logit_shift_and_top_p_to_order():
+  shifted = LOGITS_4 + 7.0
+  np.testing.assert_array_equal(min_p_keep(jnp.asarray(shifted), min_p=0.35),
+                                min_p_keep(jnp.asarray(LOGITS_4), min_p=0.35))
+  perm = np.array([2, 0, 3, 1])
+  np.testing.assert_array_equal(top_p_keep(jnp.asarray(LOGITS_4[perm]), p=0.75),
+                                np.asarray(top_p_keep(jnp.asarray(LOGITS_4), p=0.75))[perm])
+
+
+CONFIGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.6),
+    dict(temperature=1.5, top_k=3),
+    dict(temperature=1.0, top_p=0.7),
+    dict(temperature=0.8, min_p=0.15),
+    dict(temperature=1.3, top_k=5, top_p=0.8, min_p=0.05),
+]
+
+
+def _jax_kwargs(cfg):
+  return dict(temperature=cfg.get("temperature", 1.0), top_k=cfg.get("top_k", 0),
+              top_p=cfg.get("top_p"), min_p=cfg.get("min_p"))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_truncated_log_softmax_matches_numpy_reference(cfg):
+  logits_bv = np.random.default_rng(0).normal(size=(6, 12)).astype(np.float32) * 2.0
+  got = np.exp(np.asarray(truncated_log_softmax(jnp.asarray(logits_bv), **_jax_kwargs(cfg))))
+  want = np.stack([reference_probs(row, **cfg) for row in logits_bv])
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_filter_logits_drops_with_minus_inf_and_keeps_argmax():
+  logits_bv = jnp.asarray(np.random.default_rng(1).normal(size=(5, 9)), jnp.float32)
+  out = np.asarray(filter_logits(logits_bv, top_k=2, top_p=0.01, min_p=0.99))
+  assert np.all(np.isneginf(out).sum(-1) == 8)
+  np.testing.assert_array_equal(np.argmax(out, -1), np.argmax(np.asarray(logits_bv), -1))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS)
+def test_chi_square_empirical_frequencies_match_filtered_distribution(cfg):
+  """20k draws with a fixed seed; frequencies vs the exact filtered distribution."""
+  n_draws, vocab = 20_000, 8
+  logits_v = np.random.default_rng(2).normal(size=vocab).astype(np.float32) * 1.5
+  keys = jax.random.split(jax.random.key(123), n_draws)
+  logits_bv = jnp.broadcast_to(jnp.asarray(logits_v), (n_draws, vocab))
+  tokens, logp, logp_full = jax.jit(lambda lg, k: sample_tokens(lg, k, **_jax_kwargs(cfg)))(
+      logits_bv, keys)
+  tokens = np.asarray(tokens)
+  want = reference_probs(logits_v, **cfg)
+  counts = np.bincount(tokens, minlength=vocab)
+  kept = want > 0
+  assert counts[~kept].sum() == 0, "a truncated token was sampled"
+  assert kept.sum() >= 2
+  result = stats.chisquare(counts[kept], want[kept] * n_draws)
+  assert result.pvalue > 1e-3, (counts, want * n_draws)
+  np.testing.assert_allclose(np.asarray(logp), np.log(want[tokens]), atol=1e-5)
+  z = logits_v.astype(np.float64) / cfg.get("temperature", 1.0)
+  full = z - z.max() - np.log(np.exp(z - z.max()).sum())
+  np.testing.assert_allclose(np.asarray(logp_full), full[tokens], atol=1e-5)
+
+
+def test_chi_square_rejects_the_unfiltered_distribution():
+  """Power check: top-k=3 samples do not look like the untruncated softmax."""
+  vocab, n_draws = 8, 20_000
+  logits_v = np.random.default_rng(2).normal(size=vocab).astype(np.float32) * 1.5
+  keys = jax.random.split(jax.random.key(7), n_draws)
+  tokens, _, _ = sample_tokens(jnp.broadcast_to(jnp.asarray(logits_v), (n_draws, vocab)),
+                               keys, top_k=3)
+  counts = np.bincount(np.asarray(tokens), minlength=vocab)
+  full = reference_probs(logits_v)
+  assert stats.chisquare(counts, full * n_draws).pvalue < 1e-10
+
+
+def test_greedy_is_argmax_with_zero_logp_and_full_logp():
+  logits_bv = jnp.asarray(np.random.default_rng(3).normal(size=(4, 10)), jnp.float32)
+  keys = jax.random.split(jax.random.key(0), 4)
+  tokens, logp, logp_full = sample_tokens(logits_bv, keys, greedy=True, temperature=0.5)
+  np.testing.assert_array_equal(tokens, np.argmax(np.asarray(logits_bv), -1))
+  np.testing.assert_array_equal(logp, np.zeros(4))
+  ref = np.asarray(jax.nn.log_softmax(logits_bv / 0.5))[np.arange(4), np.asarray(tokens)]
+  np.testing.assert_allclose(logp_full, ref, atol=1e-6)
+
+
+def test_rows_draw_independently_of_the_rest_of_the_batch():
+  logits_bv = jnp.asarray(np.random.default_rng(4).normal(size=(6, 50)), jnp.float32)
+  keys = jax.random.split(jax.random.key(1), 6)
+  full, _, _ = sample_tokens(logits_bv, keys, top_p=0.9)
+  part, _, _ = sample_tokens(logits_bv[2:4], keys[2:4], top_p=0.9)
+  np.testing.assert_array_equal(np.asarray(full)[2:4], part)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=4, temperature=0.0), "temperature"),
+    (dict(max_new_tokens=4, temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=4, temperature=float("nan")), "temperature"),
+    (dict(max_new_tokens=4, top_k=-1), "top_k"),
+    (dict(max_new_tokens=4, top_k=2.5), "top_k"),
+    (dict(max_new_tokens=4, top_p=0.0), "top_p"),
+    (dict(max_new_tokens=4, top_p=1.5), "top_p"),
+    (dict(max_new_tokens=4, min_p=-0.1), "min_p"),
+    (dict(max_new_tokens=4, min_p=1.1), "min_p"),
+    (dict(max_new_tokens=4, n=0), "n"),
+    (dict(max_new_tokens=4, greedy=1), "greedy"),
+    (dict(max_new_tokens=4, stop_tokens=("a",)), "stop_tokens"),
+    (dict(max_new_tokens=4, stop_tokens=(-3,)), "stop_tokens"),
+])
+def test_sampling_params_errors_name_the_field(kwargs, field):
+  with pytest.raises((ValueError, TypeError), match=f"SamplingParams.{field}"):
+    SamplingParams(**kwargs)
+
+
+def test_sampling_params_normalises_and_is_hashable():
+  sp = SamplingParams(max_new_tokens=4, stop_tokens=[3, 1, 3], top_p=1)
+  assert sp.stop_tokens == (3, 1) and isinstance(sp.top_p, float)
+  assert SamplingParams(max_new_tokens=4, stop_tokens=5).stop_tokens == (5,)
+  assert hash(sp) == hash(SamplingParams(max_new_tokens=4, stop_tokens=(3, 1)))
+  assert SamplingParams(max_new_tokens=2, greedy=True, temperature=0.0).greedy
+  with pytest.raises(ValueError, match="SamplingParams.n"):
+    sp.replace(n=0)
