@@ -1,0 +1,148 @@
+"""Reward-function protocol, weighted composition and failure containment.
+
+A reward function is any callable `fn(prompt, completion) -> float` (or a mapping with a
+`"total"` key), where `prompt` has `.id` and `.answer` (`rljax.data.Prompt`) and
+`completion` is the decoded completion text. `compose` turns a list of
+`(name, fn, weight)` into one scorer for a batch that returns the weighted total and each
+component separately (so each is logged), and contains failures: a function that raises,
+exceeds its deadline, or returns a non-finite value is scored `failure_score` for that
+sample (or re-raised, `on_failure="raise"`), counted per component, and reported with the
+prompt id; the other samples and components are unaffected.
+
+Note: a Python function that hangs runs on a worker thread that cannot be killed; after a
+timeout it is abandoned (it keeps running in the background) and a fresh thread serves the
+next call. Verifiers that may hang for real (math, code) run in subprocesses with hard
+deadlines (`rljax.rewards.math`, `rljax.rewards.code`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+FAILURE_MODES = ("score_failure", "raise")
+
+
+class RewardFn(Protocol):
+  def __call__(self, prompt: Any, completion: str) -> float | Mapping[str, float]: ...
+
+
+class RewardFailure(NamedTuple):
+  """One contained failure: which sample, which component, what happened."""
+  index: int
+  prompt_id: str
+  component: str
+  kind: str  # "exception" | "timeout" | "non_finite"
+  message: str
+
+
+class RewardError(RuntimeError):
+  """Raised under `on_failure="raise"`; the message names the prompt id and component."""
+
+
+class ComposedRewards(NamedTuple):
+  """Scores of a batch.
+
+  Attributes:
+    total: float32 [B], Σ_k weight_k · component_k.
+    components: name -> float32 [B] (unweighted), one entry per reward function.
+    failures: the contained failures, in batch order.
+    failure_counts: name -> number of failed samples of that component.
+  """
+  total: np.ndarray
+  components: dict[str, np.ndarray]
+  failures: list[RewardFailure]
+  failure_counts: dict[str, int]
+
+
+@dataclasses.dataclass
+class Composite:
+  """Weighted sum of reward functions with failure containment (built by `compose`)."""
+  terms: list[tuple[str, Callable, float]]
+  on_failure: str = "score_failure"
+  failure_score: float = 0.0
+  timeout: float | None = 10.0
+
+  def __post_init__(self):
+    if self.on_failure not in FAILURE_MODES:
+      raise ValueError(f"on_failure={self.on_failure!r}; valid: {list(FAILURE_MODES)}")
+    names = [n for n, _, _ in self.terms]
+    if len(set(names)) != len(names) or not names:
+      raise ValueError(f"compose: component names must be unique and non-empty, got {names}")
+    self._pool = None
+    self.abandoned_threads = 0
+
+  def _call(self, fn, prompt, completion):
+    if self.timeout is None:
+      return fn(prompt, completion)
+    if self._pool is None:
+      self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+    future = self._pool.submit(fn, prompt, completion)
+    try:
+      return future.result(timeout=self.timeout)
+    except cf.TimeoutError:
+      self._pool.shutdown(wait=False)  # abandon the stuck thread; next call gets a new one
+      self._pool = None
+      self.abandoned_threads += 1
+      raise
+
+  def _score_one(self, i, name, fn, prompt, completion):
+    """-> (value, failure or None)."""
+    pid = str(getattr(prompt, "id", i))
+    try:
+      out = self._call(fn, prompt, completion)
+      value = float(out["total"] if isinstance(out, Mapping) else out)
+      if math.isfinite(value):
+        return value, None
+      failure = RewardFailure(i, pid, name, "non_finite", f"returned {value}")
+    except cf.TimeoutError:
+      failure = RewardFailure(i, pid, name, "timeout", f"no result within {self.timeout} s")
+    except Exception as e:  # noqa: BLE001  (contained and reported)
+      failure = RewardFailure(i, pid, name, "exception", f"{type(e).__name__}: {e}"[:500])
+    if self.on_failure == "raise":
+      raise RewardError(f"reward {name!r} failed on prompt {pid!r} (sample {i}): "
+                        f"{failure.kind}: {failure.message}")
+    return self.failure_score, failure
+
+  def __call__(self, prompts: Sequence[Any], completions: Sequence[str]) -> ComposedRewards:
+    """Scores B (prompt, completion) pairs; `prompts[i]` belongs to `completions[i]`."""
+    if len(prompts) != len(completions):
+      raise ValueError(f"compose: {len(prompts)} prompts vs {len(completions)} completions")
+    b = len(completions)
+    comps = {name: np.zeros(b, np.float32) for name, _, _ in self.terms}
+    failures = []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+      for name, fn, _ in self.terms:
+        comps[name][i], failure = self._score_one(i, name, fn, p, c)
+        if failure is not None:
+          failures.append(failure)
+    total = np.zeros(b, np.float32)
+    for name, _, w in self.terms:
+      total += np.float32(w) * comps[name]
+    counts = {name: sum(f.component == name for f in failures) for name, _, _ in self.terms}
+    return ComposedRewards(total, comps, failures, counts)
+
+
+def compose(terms: Sequence[tuple[str, Callable, float]], *, on_failure: str = "score_failure",
+            failure_score: float = 0.0, timeout: float | None = 10.0) -> Composite:
+  """Weighted composition of reward functions, each logged separately.
+
+  total_i = Σ_k w_k · r_k(prompt_i, completion_i)   (DeepSeek-R1, arXiv:2501.12948,
+  Sec. 2.2.2: accuracy reward + format reward).
+
+  Args:
+    terms: `(name, fn, weight)` triples; names unique.
+    on_failure: "score_failure" (failed sample gets `failure_score`, counted, reported)
+      or "raise" (RewardError naming the prompt id and component).
+    failure_score: component value of a failed sample.
+    timeout: per-call deadline in seconds (None: call inline, no deadline).
+  Returns:
+    a `Composite`; calling it on (prompts [B], completions [B]) gives `ComposedRewards`.
+  """
+  return Composite([(str(n), fn, float(w)) for n, fn, w in terms], on_failure,
+                   float(failure_score), timeout)
