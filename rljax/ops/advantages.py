@@ -33,7 +33,8 @@ def _reverse_masked_scan(step, xs_bt, mask, n_carry):
   """
   m_tb = (mask > 0).T
   xs_tb = tuple(jnp.where(mask > 0, x, 0.0).astype(jnp.float32).T for x in xs_bt)
-  init = tuple(jnp.zeros(mask.shape[0], jnp.float32) for _ in range(n_carry))
+  # zeros_like (not zeros) so the carry is device-varying like the inputs inside shard_map
+  init = tuple(jnp.zeros_like(xs_tb[0][0]) for _ in range(n_carry))
 
   def body(carry, inp):
     m_t, x_t = inp[0], inp[1:]
