@@ -115,6 +115,8 @@ _fns = {
     "ice": jax.jit(lambda a, b, m: mismatch.icepop_weights(a, b, m, level="geometric")),
     "seq": jax.jit(lambda a, b, m: mismatch.sequence_mask(a, b, m, low=0.5, high=2.0)),
     "diag": jax.jit(mismatch.mismatch_diagnostics),
+    "opsm": jax.jit(lambda a, b, m: mismatch.off_policy_sequence_mask(
+        a, b, jnp.array([1.0, -1.0, -1.0]), m, delta=0.5)),
 }
 
 

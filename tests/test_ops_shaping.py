@@ -1,10 +1,13 @@
 """Reward shaping: DAPO soft overlong punishment (seed 004 values), length penalty,
 running moments, normalisation, clipping, reward whitening."""
 
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rljax.ops import shaping
 
@@ -91,3 +94,22 @@ def test_whiten_rewards_keeps_mean_unit_variance():
   ref = (r - r[sel].mean()) / np.sqrt(r[sel].var() + 1e-8) + r[sel].mean()  # seed 001
   np.testing.assert_allclose(out[sel], ref[sel], atol=1e-5)
   assert np.all(out[~sel] == 0)
+
+
+_moments = jax.jit(lambda x, m: shaping.RunningMoments.create().update(x, m))
+_kimi = jax.jit(lambda n, c, m: shaping.length_penalty(n, c, mask_bg=m))
+_wr = jax.jit(shaping.whiten_rewards)
+
+
+@given(x=hnp.arrays(np.float32, (3, 4), elements=st.floats(0, 100, width=32)),
+       m=hnp.arrays(np.bool_, (3, 4)),
+       junk=hnp.arrays(np.float32, (3, 4), elements=st.floats(width=32)))
+def test_masked_positions_never_change_outputs(x, m, junk):
+  dirty = np.where(m, x, junk)
+  correct = x > 50
+  pairs = [(_moments(x, m), _moments(dirty, m)), (_wr(x, m), _wr(dirty, m)),
+           (_kimi(x, correct, m), _kimi(np.where(m, x, np.abs(junk)), correct | ~m, m))]
+  for clean, other in pairs:
+    for a, b in zip(jax.tree.leaves(clean), jax.tree.leaves(other)):
+      np.testing.assert_array_equal(a, b)
+      assert np.all(np.isfinite(a))

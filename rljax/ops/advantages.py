@@ -87,6 +87,9 @@ def gae(rewards, values, mask, *, gamma, lam):
 def discounted_returns(rewards, mask, *, gamma):
   """Token returns G_t = r_t + γ·G_{t+1}, reset after EOS (0 beyond the last real token).
 
+  Sutton & Barto 2018, "Reinforcement Learning: An Introduction", Eq. 3.9; the return
+  used by REINFORCE++ (Hu 2025, arXiv:2501.03262).
+
   Args:
     rewards: float [B, T].
     mask: [B, T]; masked positions are skipped as in `gae`.
@@ -231,6 +234,10 @@ def reinforce_pp_advantages(rewards_bt, mask, *, gamma, axis_name=None):
   Reward Models", arXiv:2501.03262, Sec. 3 (token-level returns with the KL penalty in
   the reward, global advantage normalisation). G_t = r_t + γG_{t+1}, reset after EOS, then
   `whiten(G, mask, axis_name=axis_name)` (verl `compute_reinforce_plus_plus_outcome_advantage`).
+
+  Note: whitening uses the biased (ddof = 0) variance and ε = 1e-8 inside rsqrt (seed 001);
+  verl's `masked_whiten` uses the unbiased variance. Masked tokens are skipped, not reset
+  (identical for masks without interior gaps; see `gae`).
 
   Args:
     rewards_bt: per-token rewards (score on the last token − β·KL), float [B, T].
