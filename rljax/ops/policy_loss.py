@@ -304,6 +304,14 @@ def clip_cov_loss(logp, old_logp, advantages, mask, *, key, clip_fraction=2e-4,
   Note: the defaults ε_low = ε_high = 1 are the authors' recipe (verl
   recipe/entropy/7b_clip_cov.sh), which leaves the ratio almost unclipped, as in the
   paper's formulation; the selected tokens' loss is zeroed, removing their gradient.
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    key, clip_fraction, cov_low, cov_high, eps_low, eps_high: as in `clip_cov_mask`.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
   """
   keep_cov = clip_cov_mask(
       logp, old_logp, advantages, mask, key=key, clip_fraction=clip_fraction,
