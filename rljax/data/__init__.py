@@ -1,6 +1,21 @@
 """Prompt sources (synthetic tasks, JSONL), tokenizers, batching, samplers, buffers."""
 
 from rljax.data.batching import bucket_length, left_pad
+from rljax.data.buffer import (
+  DynamicSamplingBuffer,
+  DynamicSamplingError,
+  filter_groups_bg,
+  group_keep_mask,
+)
+from rljax.data.jsonl import load_jsonl_prompts
+from rljax.data.samplers import (
+  SAMPLERS,
+  CurriculumSampler,
+  PrioritizedSampler,
+  UniformSampler,
+  curriculum_level_probs,
+  make_sampler,
+)
 from rljax.data.tasks import (
   RECOMMENDED_DIFFICULTY,
   TASKS,
@@ -13,6 +28,9 @@ from rljax.data.tasks import (
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
 
 __all__ = [
+  "SAMPLERS", "CurriculumSampler", "DynamicSamplingBuffer", "DynamicSamplingError",
+  "PrioritizedSampler", "UniformSampler", "curriculum_level_probs", "filter_groups_bg",
+  "group_keep_mask", "load_jsonl_prompts", "make_sampler",
   "RECOMMENDED_DIFFICULTY", "TASKS", "CharTokenizer", "HFTokenizer", "Prompt",
   "RewardBreakdown", "Task", "bucket_length", "check_vocab", "left_pad", "make_task",
   "parse_answer_tag",
