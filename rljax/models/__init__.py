@@ -2,9 +2,18 @@
 
 from rljax.models.config import ModelConfig, RopeScaling
 from rljax.models.decoder import Decoder, KVCache
+from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
 from rljax.models.hf import config_from_hf, config_to_hf, load_hf, save_hf
+from rljax.models.logprobs import (
+    logprobs_and_entropy_from_hidden,
+    logprobs_from_hidden,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 
 __all__ = [
-    "Decoder", "KVCache", "ModelConfig", "RopeScaling", "config_from_hf", "config_to_hf",
-    "load_hf", "save_hf",
+    "Decoder", "KVCache", "ModelConfig", "RewardModel", "RopeScaling", "ScalarHead",
+    "ValueModel", "config_from_hf", "config_to_hf", "last_token_index", "load_hf",
+    "logprobs_and_entropy_from_hidden", "logprobs_from_hidden", "save_hf", "token_logprobs",
+    "token_logprobs_and_entropy",
 ]

@@ -1,0 +1,66 @@
+"""Value and reward heads: golden head values, last-token scoring, critic initialisation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models import Decoder, ModelConfig
+from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
+
+CFG = ModelConfig(vocab_size=31, hidden_size=32, intermediate_size=48, num_layers=1,
+                  num_heads=2, num_kv_heads=1, head_dim=16, arch="qwen2")
+
+
+def test_scalar_head_golden():
+  head = ScalarHead(2, rngs=nnx.Rngs(0))
+  head.w[...] = jnp.array([0.5, -1.0])
+  head.b[...] = jnp.array(0.25)
+  np.testing.assert_allclose(head(jnp.array([[1.0, 2.0], [4.0, 0.0]])), [-1.25, 2.25])
+
+
+def test_last_token_index_golden():
+  mask = jnp.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 0, 0, 0, 0], [0, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(last_token_index(mask), [2, 4, 0, 2])
+
+
+@nnx.jit
+def _score(rm, tokens, positions, mask, last):
+  return rm.score(tokens, positions, mask, last)
+
+
+def test_reward_scores_eos_token_independent_of_padding_side():
+  rm = RewardModel(CFG, rngs=nnx.Rngs(1))
+  seq = jnp.array([3, 7, 9, 2], jnp.int32)  # 2 = EOS
+  right = jnp.stack([jnp.pad(seq, (0, 3)), jnp.array([4, 5, 6, 8, 1, 1, 2], jnp.int32)])
+  rmask = jnp.stack([jnp.pad(jnp.ones(4, jnp.int32), (0, 3)), jnp.ones(7, jnp.int32)])
+  left = jnp.stack([jnp.pad(seq, (3, 0)), right[1]])
+  lmask = jnp.stack([jnp.pad(jnp.ones(4, jnp.int32), (3, 0)), rmask[1]])
+  pos = lambda m: jnp.maximum(jnp.cumsum(m, 1) - 1, 0)
+  r_right = _score(rm, right, pos(rmask), rmask, last_token_index(rmask))
+  r_left = _score(rm, left, pos(lmask), lmask, last_token_index(lmask))
+  np.testing.assert_allclose(r_right, r_left, atol=1e-5)
+  per_token = rm(right, positions=pos(rmask), attention_mask=rmask)
+  np.testing.assert_allclose(r_right, per_token[jnp.arange(2), jnp.array([3, 6])], atol=1e-6)
+  assert not np.allclose(r_right[0], per_token[0, 2])  # a different token scores differently
+
+
+def test_critic_from_reward_model_and_from_policy():
+  rm = RewardModel(CFG, rngs=nnx.Rngs(2))
+  tokens = jnp.array([[1, 2, 3, 4, 5]], jnp.int32)
+  pos, mask = jnp.arange(5)[None], jnp.ones_like(tokens)
+  critic = ValueModel.from_reward_model(rm)
+  np.testing.assert_allclose(critic(tokens, positions=pos, attention_mask=mask),
+                             rm(tokens, positions=pos, attention_mask=mask), atol=1e-6)
+  policy = Decoder(CFG, rngs=nnx.Rngs(3))
+  critic2 = ValueModel.from_policy(policy, rngs=nnx.Rngs(4))
+  hidden = policy.hidden_states(tokens, positions=pos, attention_mask=mask)
+  np.testing.assert_allclose(critic2(tokens, positions=pos, attention_mask=mask),
+                             critic2.head(hidden), atol=1e-6)
+  # the copies are independent: training the critic does not move the reward model
+  grads = nnx.grad(lambda m: jnp.sum(m(tokens, positions=pos, attention_mask=mask)))(critic)
+  g = jax.tree.leaves(grads)
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in g)
+  assert np.any(np.asarray(grads["trunk"]["layers"][0]["mlp"]["down"][...]) != 0)
+  critic.head.b[...] = critic.head.b[...] + 1.0
+  assert not np.allclose(critic.head.b[...], rm.head.b[...])
