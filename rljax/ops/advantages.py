@@ -180,7 +180,8 @@ def batch_std_advantages(scores_bg, *, eps=1e-6, mask_bg=None, axis_name=None):
   """Group-mean baseline scaled by the batch std: Â_i = (r_i − mean_g r)/(std_batch r + ε).
 
   Liu et al. 2025, "Part I: Tricks or Traps? A Deep Dive into RL for LLM Reasoning",
-  arXiv:2508.08221, Sec. 4.1 (group-level mean, batch-level std; "Lite PPO").
+  arXiv:2508.08221, Sec. 4 (advantage normalisation: group-level mean, batch-level std,
+  the normalisation of "Lite PPO").
 
   Note: std_batch is the unbiased (ddof = 1) std of the raw scores over every valid sample
   of the batch (of all devices when `axis_name` is set); singleton groups use mean 0.
@@ -204,9 +205,10 @@ def batch_std_advantages(scores_bg, *, eps=1e-6, mask_bg=None, axis_name=None):
 def rloo_advantages(scores_bg, *, mask_bg=None):
   """REINFORCE leave-one-out: Â_i = r_i − (Σ_{j≠i} r_j)/(n − 1).
 
-  Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (ICLR workshop),
-  Eq. 8; Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization
-  for Learning from Human Feedback in LLMs", arXiv:2402.14740, Eq. 5. Equals verl's
+  Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (ICLR workshop,
+  leave-one-out baseline); Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE
+  Style Optimization for Learning from Human Feedback in LLMs", arXiv:2402.14740 (RLOO
+  estimator, Sec. 3). Equals verl's
   r·n/(n−1) − mean·n/(n−1).
 
   Note: a group with fewer than two valid samples has no baseline and gets Â = 0 (tunix;
@@ -277,7 +279,7 @@ def remax_advantages(scores_b, greedy_scores_b):
   """ReMax: baseline = reward of the greedy completion, Â = r(x, y) − r(x, ȳ_greedy).
 
   Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method
-  for Aligning Large Language Models", arXiv:2310.10505, Algorithm 1 / Eq. 7.
+  for Aligning Large Language Models", arXiv:2310.10505, Algorithm 1 (greedy baseline).
 
   Args:
     scores_b: scores of sampled completions, float [B].
@@ -302,7 +304,8 @@ def pass_at_k_advantages(scores_bg, *, k, threshold=0.5, mask_bg=None):
   which is the mean, over the subsets containing a response, of the subset's normalised
   reward (max of its members). k = 1 gives GRPO with the biased (ddof = 0) std.
 
-  Note: σ = 0 (all right, all wrong, or N_neg < k) gives Â = 0 (no ε). A sample is
+  Note: σ = 0 (all right, all wrong, N_neg < k, or fewer than k valid samples) gives
+  Â = 0 (no ε). A sample is
   correct when its score > `threshold` (works for {0, 1} and {−1, 1} rewards).
 
   Args:
