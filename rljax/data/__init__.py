@@ -1,5 +1,6 @@
 """Prompt sources (synthetic tasks, JSONL), tokenizers, batching, samplers, buffers."""
 
+from rljax.data.audit import AuditRow, audit, audit_prompt, format_report
 from rljax.data.batching import bucket_length, left_pad
 from rljax.data.buffer import (
   DynamicSamplingBuffer,
@@ -28,6 +29,7 @@ from rljax.data.tasks import (
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
 
 __all__ = [
+  "AuditRow", "audit", "audit_prompt", "format_report",
   "SAMPLERS", "CurriculumSampler", "DynamicSamplingBuffer", "DynamicSamplingError",
   "PrioritizedSampler", "UniformSampler", "curriculum_level_probs", "filter_groups_bg",
   "group_keep_mask", "load_jsonl_prompts", "make_sampler",
