@@ -2,7 +2,7 @@
 
 Per iteration: `token_statistics` (entropy quantiles, entropy by advantage sign,
 Cov(log π, A), clipped tokens by probability). Per batch and pair of loss variants:
-`trick_impact` (effective gradient weights, bucketed) with `format_impact_table` and
+`impact_report` (effective gradient weights, bucketed) with `format_impact_table` and
 `plot_impact`. Evaluation: `pass_at_k_curve`, `avg_at_k`, `plot_pass_at_k`.
 """
 
@@ -27,14 +27,14 @@ from rljax.analysis.trick_impact import (
     as_variant,
     effective_weights,
     format_impact_table,
-    trick_impact,
+    impact_report,
     variant_from_config,
 )
 
 __all__ = [
     "ImpactReport", "LossVariant", "SequenceBuckets", "as_variant", "avg_at_k",
     "clip_breakdown", "correct_counts", "curve_from_record", "effective_weights",
-    "entropy_summary", "format_impact_table", "logp_advantage_covariance", "pass_at_k_curve",
-    "pass_at_k_metrics", "plot_impact", "plot_pass_at_k", "token_statistics", "trick_impact",
+    "entropy_summary", "format_impact_table", "impact_report", "logp_advantage_covariance",
+    "pass_at_k_curve", "pass_at_k_metrics", "plot_impact", "plot_pass_at_k", "token_statistics",
     "variant_from_config",
 ]

@@ -11,7 +11,7 @@ a gradient-descent step raises log π(y_t) (the token is promoted), w_t < 0 lowe
 `effective_weights` obtains w_t exactly as −∂L/∂logπ_t with `jax.grad` of the aggregated
 loss with respect to the per-token log-prob array; nothing is derived by hand, so any
 combination of clip range, dual clip, ratio level, aggregation mode, entropy mask,
-PSR/NSR weights and overlong filter is covered. `trick_impact` compares w under a
+PSR/NSR weights and overlong filter is covered. `impact_report` compares w under a
 variant and under a baseline and buckets the change Δw by token probability, entropy
 and advantage sign, and by sequence length and score.
 """
@@ -267,7 +267,7 @@ def _token_grid(values_bt, sign_i, prob_i, ent_i, keep, shape):
   return grid
 
 
-def trick_impact(trick, base, *, logp_bt, old_logp_bt, advantages, mask, entropy_bt,
+def impact_report(trick, base, *, logp_bt, old_logp_bt, advantages, mask, entropy_bt,
                  scores_b=None, truncated_b=None, prob_edges=DEFAULT_PROB_EDGES,
                  entropy_edges=None, length_edges=None, score_edges=None):
   """Effective-weight change of `trick` relative to `base` on one batch, bucketed.
