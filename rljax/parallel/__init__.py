@@ -1,0 +1,25 @@
+"""The one place that knows about meshes, logical-axis rules and multi-host start-up."""
+
+from rljax.parallel.distributed import initialize_distributed
+from rljax.parallel.mesh import (
+    BATCH_AXES,
+    MESH_AXES,
+    batch_sharding,
+    make_mesh,
+    replicated_sharding,
+)
+from rljax.parallel.sharding import (
+    LOGICAL_AXIS_RULES,
+    logical_to_mesh_spec,
+    replicated_fraction,
+    shard_model,
+    sharding_report,
+    state_shardings,
+    variable_sharding,
+)
+
+__all__ = [
+    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "initialize_distributed",
+    "logical_to_mesh_spec", "make_mesh", "replicated_fraction", "replicated_sharding",
+    "shard_model", "sharding_report", "state_shardings", "variable_sharding",
+]

@@ -1,0 +1,110 @@
+"""Logical-axis rules, meshes, sharded forward == unsharded, replicated-fraction check."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from rljax.models import Decoder, ModelConfig
+from rljax.models.logprobs import token_logprobs
+from rljax.parallel import (
+    LOGICAL_AXIS_RULES,
+    batch_sharding,
+    initialize_distributed,
+    logical_to_mesh_spec,
+    make_mesh,
+    replicated_fraction,
+    shard_model,
+    sharding_report,
+)
+
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=1,
+                  num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True, qk_norm=True)
+
+
+def test_rules_golden():
+  assert logical_to_mesh_spec(("embed", "mlp")) == P("fsdp", "tensor")
+  assert logical_to_mesh_spec(("vocab", "embed")) == P("tensor", "fsdp")
+  assert logical_to_mesh_spec(("heads", "kv", "embed")) == P("tensor", None, "fsdp")
+  assert logical_to_mesh_spec(("batch", None)) == P(("data", "fsdp"), None)
+  assert logical_to_mesh_spec(("mlp", "heads")) == P("tensor", None)  # an axis used once
+  with pytest.raises(ValueError, match="'expert'"):
+    logical_to_mesh_spec(("expert",))
+
+
+def test_make_mesh_sizes():
+  mesh = make_mesh(data=-1, fsdp=4, tensor=2)
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+  assert dict(make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+  with pytest.raises(ValueError, match="devices"):
+    make_mesh(data=3, fsdp=1, tensor=1)
+
+
+def test_every_parameter_has_known_logical_axes():
+  known = dict(LOGICAL_AXIS_RULES)
+  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    axes = var.get_metadata().get("out_sharding")
+    assert axes is not None and len(axes) == var.ndim, path
+    assert all(a in known for a in axes), (path, axes)
+
+
+@nnx.jit
+def _forward(model, tokens, positions, mask):
+  return model(tokens, positions=positions, attention_mask=mask)
+
+
+@nnx.jit
+def _grad(model, tokens, positions, mask):
+  loss = lambda m: jnp.sum(token_logprobs(m, tokens, positions, mask, prompt_len=3,
+                                          temperature=0.9, chunk_size=2))
+  return nnx.grad(loss)(model)
+
+
+def test_sharded_forward_and_grad_equal_unsharded():
+  ref = Decoder(CFG, rngs=nnx.Rngs(1))
+  rng = np.random.default_rng(0)
+  mask = np.ones((4, 7), np.int32)
+  mask[1, :2] = 0
+  tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, mask.shape) * mask, jnp.int32)
+  positions = jnp.asarray(np.maximum(np.cumsum(mask, 1) - 1, 0), jnp.int32)
+  mask = jnp.asarray(mask)
+  want = _forward(ref, tokens, positions, mask)
+  want_grad = _grad(ref, tokens, positions, mask)
+
+  mesh = make_mesh(data=1, fsdp=4, tensor=2)
+  model = shard_model(Decoder(CFG, rngs=nnx.Rngs(1)), mesh)
+  assert model.layers[0].mlp.gate[...].sharding.spec == P("fsdp", "tensor")
+  assert model.embed[...].sharding.spec == P("tensor", "fsdp")
+  batch = [jax.device_put(x, batch_sharding(mesh, 2)) for x in (tokens, positions, mask)]
+  got = _forward(model, *batch)
+  assert len(got.sharding.device_set) == 8
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+  got_grad = _grad(model, *batch)
+  for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+def test_replicated_fraction():
+  model = Decoder(CFG.replace(num_kv_heads=1), rngs=nnx.Rngs(2))
+  assert replicated_fraction(model) == 1.0  # on one device everything is replicated
+  flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+  total = sum(v.nbytes for _, v in flat)
+  # fully replicated: norm scales by design, and the k/v biases [K=1, Dh] whose only
+  # shardable dimension (one KV head) cannot be split; k/v kernels still split "embed".
+  expected = sum(v.nbytes for p, v in flat
+                 if "norm" in "/".join(map(str, p)) or p[-1] in ("k_bias", "v_bias"))
+  shard_model(model, make_mesh(data=1, fsdp=4, tensor=2))
+  report = sharding_report(model)
+  assert report["replicated_fraction"] == pytest.approx(expected / total)
+  assert 0 < report["replicated_fraction"] < 0.1
+  assert report["max_device_bytes"] < total / 4  # real memory saving per device
+
+
+def test_initialize_distributed_single_process_is_noop(monkeypatch):
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  assert initialize_distributed() is False
+  assert initialize_distributed(num_processes=1) is False
