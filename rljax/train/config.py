@@ -62,6 +62,8 @@ def base_config() -> ConfigDict:
       jsonl_path="",           # for name == "jsonl"
       prompt_sampler="uniform",  # uniform | curriculum | prioritized
       format_weight=0.1,       # weight of the format reward in the total score
+      reward_on_failure="score_failure",  # score_failure | raise (reward fn raised/hung/NaN)
+      reward_timeout=10.0,     # seconds per reward call (0: no deadline)
   ))
 
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.

@@ -129,6 +129,7 @@ def prepare(setup, fns, state, rows, keys, moments):
       "train/reward": float(jnp.mean(scores)), "train/raw_score": float(np.mean(rows["scores"])),
       "train/accuracy": float(np.mean(rows["accuracy"])),
       "train/format": float(np.mean(rows["format"])),
+      "train/reward_failures": int(np.sum(rows["reward_failed"])),
       "train/response_length_mean": float(np.mean(rows["lengths"])),
       "train/response_length_max": float(np.max(rows["lengths"])),
       "train/truncated_frac": float(np.mean(rows["truncated"])),

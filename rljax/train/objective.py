@@ -111,10 +111,12 @@ def policy_terms(spec: LossSpec, logp, batch):
   if spec.policy_loss == "reinforce":
     return pl.reinforce_loss(*common)
   if spec.policy_loss == "clip_cov":
-    return pl.clip_cov_loss(*common, batch["rng"][0], eps_low=spec.eps_low, eps_high=spec.eps_high,
-                            select_ratio=spec.clip_cov_ratio, cov_bounds=spec.clip_cov_bounds)
+    key = jax.random.wrap_key_data(batch["rng"][0])
+    return pl.clip_cov_loss(*common, key=key, clip_fraction=spec.clip_cov_ratio,
+                            cov_low=spec.clip_cov_bounds[0], cov_high=spec.clip_cov_bounds[1],
+                            eps_low=spec.eps_low, eps_high=spec.eps_high)
   if spec.policy_loss == "kl_cov":
-    return pl.kl_cov_loss(*common, select_ratio=spec.kl_cov_ratio, kl_coef=spec.kl_cov_coef)
+    return pl.kl_cov_loss(*common, kl_fraction=spec.kl_cov_ratio, kl_coef=spec.kl_cov_coef)
   raise ValueError(f"unknown policy_loss {spec.policy_loss!r}")
 
 
@@ -164,7 +166,7 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
                                           mask, clip_range=spec.value_clip)
     loss = loss + spec.vf_coef * tok(vf_bt) / denom["tokens"]
     metrics["value_loss"] = tok(vf_bt)
-    metrics["value_clip_frac"] = tok(vf_diag.clipped_bt)
+    metrics["value_clip_frac"] = tok(vf_diag.clipfrac_bt)
   if spec.ptx_coef:
     nll_sum, _ = sft_nll(actor, batch["ptx"])
     loss = loss + spec.ptx_coef * nll_sum / denom["ptx_tokens"]

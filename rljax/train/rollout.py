@@ -24,7 +24,7 @@ class RolloutContext:
   tokenizer: object
   prompt_len: int
   sampling: SamplingParams
-  reward_fn: object          # (prompt, completion_text) -> RewardBreakdown
+  reward_fn: object          # rljax.rewards.base.Composite: (prompts, texts) -> ComposedRewards
 
 
 def encode_prompts(ctx: RolloutContext, prompts):
@@ -59,15 +59,15 @@ def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
 def score(ctx: RolloutContext, prompts, rows, n):
   """Decodes completions and scores them: adds scores, accuracy, format, lengths, texts."""
   b = rows["tokens"].shape[0]
-  totals, acc, fmt, texts = np.zeros(b, np.float32), np.zeros(b), np.zeros(b), []
-  for i in range(b):
-    prompt = prompts[i // n]
-    ids = rows["tokens"][i][rows["mask"][i] > 0]
-    text = ctx.tokenizer.decode(ids.tolist())
-    r = ctx.reward_fn(prompt, text)
-    totals[i], acc[i], fmt[i] = r["total"], r["accuracy"], r["format"]
-    texts.append(text)
-  rows.update(scores=totals, accuracy=acc, format=fmt,
+  texts = [ctx.tokenizer.decode(rows["tokens"][i][rows["mask"][i] > 0].tolist()) for i in range(b)]
+  rewards = ctx.reward_fn([prompts[i // n] for i in range(b)], texts)
+  failed = np.zeros(b, np.int32)
+  for failure in rewards.failures:
+    failed[failure.index] = 1
+    print(f"[rljax] reward {failure.component!r} failed on prompt {failure.prompt_id}: "
+          f"{failure.kind}: {failure.message}")
+  rows.update(scores=rewards.total, accuracy=rewards.components["accuracy"],
+              format=rewards.components["format"], reward_failed=failed,
               lengths=rows["mask"].sum(axis=1).astype(np.int32))
   rows["texts"] = texts
   return rows

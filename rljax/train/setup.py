@@ -14,6 +14,7 @@ from rljax.data.tasks import make_task
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
 from rljax.models import Decoder, ModelConfig, load_hf
 from rljax.models.heads import ValueModel
+from rljax.rewards.base import compose
 from rljax.sampling import SamplingParams
 from rljax.train import advantages, objective, update
 from rljax.train.rollout import RolloutContext
@@ -44,6 +45,14 @@ def build_task(config):
   hi = t.difficulty_max or t.difficulty
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
                    format_weight=t.format_weight)
+
+
+def task_rewards(task, config):
+  """Accuracy + weighted format reward of the task, with failure containment."""
+  t = config.task
+  return compose([("accuracy", lambda p, c: task.score(p, c)["accuracy"], 1.0),
+                  ("format", lambda p, c: task.score(p, c)["format"], t.format_weight)],
+                 on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
 
 
 def tiny_model_config(config, vocab_size) -> ModelConfig:
@@ -96,8 +105,7 @@ def build(config) -> Setup:
   sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, n=s.n,
                             stop_tokens=(tokenizer.eos_id,))
-  from rljax.rewards.base import contained_reward
-  reward_fn = contained_reward(task.score, on_failure="score_failure")
+  reward_fn = task_rewards(task, config)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
                        reward_fn=reward_fn)
   actor_graphdef, actor_state = nnx.split(actor)

@@ -61,6 +61,7 @@ def _check_choices(errors, c):
       ("algo.cispo_convention", CISPO_CONVENTIONS), ("task.prompt_sampler", PROMPT_SAMPLERS),
       ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
       ("sampling.sampler_dtype", SAMPLER_DTYPES),
+      ("task.reward_on_failure", ("score_failure", "raise")),
   ):
     _choice(errors, c, dotted, allowed)
 
