@@ -99,7 +99,7 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
     for name in ("dtype", "param_dtype"):
       try:
-        jnp.dtype(getattr(self, name))
+        object.__setattr__(self, name, jnp.dtype(getattr(self, name)).name)
       except TypeError as e:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not a dtype") from e
 

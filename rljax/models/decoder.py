@@ -48,13 +48,14 @@ class Decoder(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
 
-  def __call__(self, tokens_bs, *, positions, attention_mask):
+  def __call__(self, tokens_bs, *, positions=None, attention_mask=None):
     """Full forward without cache.
 
     Args:
       tokens_bs: int [B,S].
       positions: int [B,S] (RoPE positions; for left padding, count real tokens only).
-      attention_mask: [B,S], 1 = real token, 0 = padding.
+        Default: cumsum(attention_mask) - 1, clipped at 0.
+      attention_mask: [B,S], 1 = real token, 0 = padding. Default: all ones.
     Returns:
       logits, float32 [B,S,V].
     """
@@ -64,9 +65,13 @@ class Decoder(nnx.Module):
   def embed_tokens(self, tokens_bs):
     return jnp.take(self.embed[...], tokens_bs, axis=0).astype(self.cfg.compute_dtype)
 
-  def hidden_states(self, tokens_bs, *, positions, attention_mask):
+  def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None):
     """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`."""
     chex.assert_rank(tokens_bs, 2)
+    if attention_mask is None:
+      attention_mask = jnp.ones(tokens_bs.shape, jnp.int32)
+    if positions is None:
+      positions = jnp.maximum(jnp.cumsum(attention_mask > 0, axis=1) - 1, 0)
     chex.assert_equal_shape([tokens_bs, positions, attention_mask])
     s = tokens_bs.shape[1]
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
