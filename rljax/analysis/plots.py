@@ -56,11 +56,7 @@ def plot_impact(report, out_path):
   _bars(axes[2], report.lengths, report.total_abs_base, "sequences by length")
   _bars(axes[3], report.scores, report.total_abs_base, "sequences by score")
   fig.suptitle(f"{report.trick_name} vs {report.base_name}: effective gradient weight change")
-  out_path = pathlib.Path(out_path)
-  out_path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out_path, dpi=80)
-  plt.close(fig)
-  return out_path
+  return _save(fig, out_path, plt)
 
 
 def plot_pass_at_k(curves, out_path, *, title="pass@k (unbiased)"):
@@ -84,9 +80,67 @@ def plot_pass_at_k(curves, out_path, *, title="pass@k (unbiased)"):
   ax.set_title(title)
   if curves:
     ax.legend(fontsize=7)
+  fig.tight_layout()
+  return _save(fig, out_path, plt)
+
+
+def _save(fig, out_path, plt):
   out_path = pathlib.Path(out_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  fig.tight_layout()
   fig.savefig(out_path, dpi=80)
   plt.close(fig)
   return out_path
+
+
+def plot_curves(records_by_run, out_path, curves):
+  """Writes one panel per curve, every run overlaid; returns the path.
+
+  Args:
+    records_by_run: {run name: list of metric records (dicts with "iteration")}.
+    out_path: PNG path.
+    curves: ((title, key or tuple of keys), ...), e.g. `runs.WATCH_CURVES`. Several keys
+      in one panel are drawn with different line styles.
+  """
+  from rljax.analysis.runs import series
+
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.6), squeeze=False,
+                           layout="constrained")
+  styles = ("-", "--", ":", "-.")
+  for ax, (title, keys) in zip(axes[0], curves):
+    keys = (keys,) if isinstance(keys, str) else tuple(keys)
+    for color, (name, records) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"] * 9,
+                                      records_by_run.items()):
+      for style, key in zip(styles * 4, keys):
+        xs, ys = series(records, key)
+        if xs.size:
+          label = name if len(keys) == 1 else f"{name}: {key.split('/')[-1]}"
+          ax.plot(xs, ys, style, color=color, marker="." if xs.size < 30 else None, label=label)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend(fontsize=6)
+  return _save(fig, out_path, plt)
+
+
+def plot_ablation(results, out_path, *, keys=("heldout_acc_before", "heldout_acc_after")):
+  """Grouped bars of held-out accuracy (before / after) per ablation step; returns the path.
+
+  Args:
+    results: the ablation's results.json as a dict {step: {key: value}}.
+    out_path: PNG path.
+    keys: which values to draw side by side.
+  """
+  plt = _pyplot()
+  steps = list(results)
+  fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(steps) + 2), 3.6), layout="constrained")
+  width = 0.8 / len(keys)
+  for i, key in enumerate(keys):
+    values = [float(results[s].get(key, np.nan)) for s in steps]
+    ax.bar(np.arange(len(steps)) + (i - (len(keys) - 1) / 2) * width, values, width, label=key)
+  ax.set_xticks(range(len(steps)), steps, rotation=20, fontsize=8)
+  ax.set_ylabel("held-out accuracy")
+  ax.grid(alpha=0.3, axis="y")
+  ax.legend(fontsize=7)
+  return _save(fig, out_path, plt)

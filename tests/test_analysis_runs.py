@@ -1,0 +1,52 @@
+"""Run-directory helpers of the notebook: discovery, metric series, ablation tables."""
+
+import json
+import math
+
+import numpy as np
+
+from rljax.analysis import runs
+
+
+def _run(path, records):
+  path.mkdir(parents=True)
+  (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  return path
+
+
+def test_expand_run_dirs_and_series(tmp_path):
+  a = _run(tmp_path / "a", [{"iteration": 1, "train/reward": 0.5},
+                            {"iteration": 2, "train/reward": "nan"},
+                            {"iteration": 3, "train/reward": 0.7, "eval/accuracy": 0.4}])
+  abl = tmp_path / "ablate_x"
+  _run(abl / "s1", [{"iteration": 1}])
+  _run(abl / "s2", [{"iteration": 1}])
+  (abl / "results.json").write_text(json.dumps({"s1": {"heldout_acc_after": 0.25, "k": 4},
+                                                "s2": {"heldout_acc_after": 0.5, "k": 4}}))
+  found = runs.expand_run_dirs(f"{a}, {abl},{tmp_path / 'missing'}")
+  assert list(found) == ["a", "ablate_x/s1", "ablate_x/s2"]
+  xs, ys = runs.series(runs.read_records(a), "train/reward")
+  np.testing.assert_array_equal(xs, [1, 3])  # the "nan" record is skipped
+  np.testing.assert_allclose(ys, [0.5, 0.7])
+  assert runs.series(runs.read_records(a), "absent")[0].size == 0
+  assert runs.ablation_dirs(f"{a},{abl}") == [abl]
+  table = runs.ablation_table(abl)  # no report.md: built from results.json
+  assert table.splitlines()[0] == "| step | heldout_acc_after | k |"
+  assert "| s2 | 0.500 | 4 |" in table
+
+
+def test_pass_at_k_curve_of_run_prefers_result_json(tmp_path):
+  run = _run(tmp_path / "r", [{"iteration": 1, "eval/pass@1": 0.1, "eval/pass@2": 0.2}])
+  np.testing.assert_allclose(runs.pass_at_k_curve_of_run(run), [0.1, 0.2])
+  (run / "result.json").write_text(json.dumps(
+      {"heldout_pass@1": 0.3, "heldout_pass@2": 0.4, "heldout_pass@3": 0.5}))
+  np.testing.assert_allclose(runs.pass_at_k_curve_of_run(run), [0.3, 0.4, 0.5])
+
+
+def test_synthetic_batch_is_a_valid_grpo_batch():
+  b = runs.synthetic_batch(seed=1, batch=16, max_len=12, group=4)
+  mask = b["mask"] > 0
+  assert np.all(b["logp"] < 0) and np.all(b["old_logp"] < 0)  # proper probabilities
+  adv_g = b["advantages"].reshape(-1, 4)
+  np.testing.assert_allclose(adv_g.sum(-1), 0.0, atol=1e-5)  # group-centred
+  assert np.all(mask[:, 0]) and not math.isnan(float(b["entropy"][mask].mean()))
