@@ -110,3 +110,29 @@ def test_empty_mask_gives_nan_statistics_and_zero_counts():
                             ratio_bt=np.ones_like(mask))
   assert math.isnan(out["tokens/entropy_p50"]) and math.isnan(out["tokens/cov_logp_adv"])
   assert out["tokens/count"] == 0 and out["tokens/clip_high_lowprob_frac"] == 0.0
+
+
+def test_jit_clip_indicators_agree_with_host_breakdown():
+  import jax
+  import jax.numpy as jnp
+
+  from rljax.ops.aggregate import aggregate
+  from rljax.ops.policy_loss import policy_loss
+
+  logp_old, _, adv_b, mask = _batch(seed=5)
+  rng = np.random.default_rng(6)
+  logp = logp_old + rng.normal(0, 0.3, mask.shape)
+  _, diag = policy_loss(jnp.asarray(logp), jnp.asarray(logp_old), jnp.asarray(adv_b),
+                        jnp.asarray(mask), eps_low=0.2, eps_high=0.28)
+
+  @jax.jit
+  def fractions(old, low, high, m):
+    parts = ts.clip_by_probability_bt(old, low, high, m, prob_split=0.3)
+    return {k: aggregate(v, m, "token_mean") for k, v in parts.items()}
+
+  got = fractions(jnp.asarray(logp_old), diag.clip_low_bt, diag.clip_high_bt, jnp.asarray(mask))
+  host = ts.clip_breakdown(logp_old, np.asarray(diag.ratio_bt), adv_b, mask, eps_low=0.2,
+                           eps_high=0.28, prob_split=0.3)
+  for key, value in got.items():
+    np.testing.assert_allclose(value, host[f"tokens/{key}_frac"], rtol=1e-6)
+  assert sum(host[f"tokens/{k}"] for k in got) > 0  # the batch does clip something

@@ -31,7 +31,9 @@ TOKEN_CURVES = (
     ("entropy by advantage sign", ("tokens/entropy_pos_adv", "tokens/entropy_neg_adv")),
     ("Cov(log π, A)", ("tokens/cov_logp_adv",)),
     ("upper clip: low- vs high-prob tokens", ("tokens/clip_high_lowprob_frac",
-                                              "tokens/clip_high_highprob_frac")),
+                                              "tokens/clip_high_highprob_frac",
+                                              "update/clip_high_lowprob",
+                                              "update/clip_high_highprob")),
 )
 BATCH_FILE = "analysis_batch.npz"
 

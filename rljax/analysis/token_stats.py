@@ -168,3 +168,29 @@ def token_statistics(logp_bt, entropy_bt, advantages_bt, mask, *, ratio_bt=None,
     out.update(clip_breakdown(logp_bt, ratio_bt, advantages_bt, valid, eps_low=eps_low,
                               eps_high=eps_high, prob_split=prob_split))
   return out
+
+
+def clip_by_probability_bt(old_logp_bt, clip_low_bt, clip_high_bt, mask, *, prob_split=0.5):
+  """Per-token clip indicators split by sampling probability, for use inside a jitted step.
+
+  The jit-friendly counterpart of `clip_breakdown`: take `clip_low_bt` / `clip_high_bt`
+  from `PolicyLossDiagnostics` and average each returned array with
+  `aggregate(x, mask, "token_mean")` (or sum it with the other token metrics).
+
+  Args:
+    old_logp_bt: sampling-policy log-probs, [B, T].
+    clip_low_bt, clip_high_bt: 0/1 indicators of the active lower / upper clip, [B, T].
+    mask: [B, T].
+    prob_split: probability threshold between "low" and "high" tokens.
+  Returns:
+    dict of float32 [B, T] arrays (0 at masked positions) named "clip_high_lowprob",
+    "clip_high_highprob", "clip_low_lowprob", "clip_low_highprob".
+  """
+  chex.assert_equal_shape((old_logp_bt, clip_low_bt, clip_high_bt, mask))
+  valid = mask > 0
+  high_p = valid & (jnp.exp(jnp.where(valid, old_logp_bt, -jnp.inf)) >= prob_split)
+  out = {}
+  for side, clipped in (("high", clip_high_bt > 0), ("low", clip_low_bt > 0)):
+    for name, group in (("lowprob", valid & ~high_p), ("highprob", high_p)):
+      out[f"clip_{side}_{name}"] = (clipped & group).astype(jnp.float32)
+  return out
