@@ -50,3 +50,21 @@ def test_synthetic_batch_is_a_valid_grpo_batch():
   adv_g = b["advantages"].reshape(-1, 4)
   np.testing.assert_allclose(adv_g.sum(-1), 0.0, atol=1e-5)  # group-centred
   assert np.all(mask[:, 0]) and not math.isnan(float(b["entropy"][mask].mean()))
+
+
+def test_impact_section_compares_steps_with_the_baseline(tmp_path):
+  from rljax.analysis.report import impact_section
+  from rljax.analysis.trick_impact import LossVariant
+
+  base = LossVariant(name="baseline")
+  text = impact_section(
+      {"baseline": base, "clip_higher": base.replace(eps_high=0.28),
+       "dynamic_sampling": base.replace(name="dynamic_sampling")}, tmp_path)
+  assert "### clip_higher vs baseline" in text
+  assert "![impact of clip_higher](impact_clip_higher.png)" in text
+  assert (tmp_path / "impact_clip_higher.png").stat().st_size > 2000
+  assert "### dynamic_sampling\n\nSame loss as the baseline" in text
+  assert not (tmp_path / "impact_dynamic_sampling.png").exists()
+  # clip-higher touches positive-advantage tokens only.
+  rows = [r for r in text.splitlines() if r.startswith("| A<0")]
+  assert rows and all(r.endswith("| unchanged |") for r in rows)

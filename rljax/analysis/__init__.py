@@ -14,6 +14,7 @@ from rljax.analysis.passk import (
     pass_at_k_metrics,
 )
 from rljax.analysis.plots import plot_ablation, plot_curves, plot_impact, plot_pass_at_k
+from rljax.analysis.report import impact_section
 from rljax.analysis.token_stats import (
     clip_breakdown,
     clip_by_probability_bt,
@@ -36,6 +37,7 @@ __all__ = [
     "ImpactReport", "LossVariant", "SequenceBuckets", "as_variant", "avg_at_k",
     "clip_breakdown", "clip_by_probability_bt", "correct_counts", "curve_from_record",
     "effective_weights", "entropy_summary", "format_impact_table", "impact_report",
-    "logp_advantage_covariance", "pass_at_k_curve", "pass_at_k_metrics", "plot_ablation",
-    "plot_curves", "plot_impact", "plot_pass_at_k", "token_statistics", "variant_from_config",
+    "impact_section", "logp_advantage_covariance", "pass_at_k_curve", "pass_at_k_metrics",
+    "plot_ablation", "plot_curves", "plot_impact", "plot_pass_at_k", "token_statistics",
+    "variant_from_config",
 ]
