@@ -14,6 +14,9 @@ pytest.importorskip("ipykernel")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "analysis.ipynb"
 KERNEL = "rljax-nbtest"
+ALGO = dict(policy_loss="ppo", ratio_level="token", eps_low=0.2, eps_high=0.2, dual_clip=0.0,
+            ratio_cap=0.0, loss_agg="seq_mean_token_mean", high_entropy_fraction=0.0,
+            psr_weight=1.0, nsr_weight=1.0, overlong_filter=False)
 
 
 def _write_run(run_dir, *, seed, iterations=5, n=4):
@@ -61,8 +64,10 @@ def test_notebook_executes_and_writes_figures(kernel_env, monkeypatch):
   _write_run(runs / "grpo_tiny", seed=0)
   ablation = runs / "ablate_demo"
   results = {}
-  for i, step in enumerate(("baseline", "clip_higher")):
+  for i, (step, eps_high) in enumerate((("baseline", 0.2), ("clip_higher", 0.28))):
     r = _write_run(ablation / step, seed=i + 1)
+    (ablation / step / "config.json").write_text(json.dumps({
+        "algo": dict(ALGO, eps_high=eps_high), "sampling": {"max_new_tokens": 24}}))
     results[step] = {"heldout_acc_before": r["heldout_acc_before"],
                      "heldout_acc_after": r["heldout_acc_after"], "wall_s": 1.0}
   (ablation / "results.json").write_text(json.dumps(results))
@@ -79,6 +84,7 @@ def test_notebook_executes_and_writes_figures(kernel_env, monkeypatch):
   expected = {"curves.png", "token_stats.png", "ablation_ablate_demo.png", "pass_at_k.png",
               "impact_clip_higher.png", "impact_token_mean.png", "impact_entropy_mask.png",
               "impact_w_reinforce.png"}
+  assert (out / "ablation_ablate_demo" / "impact_clip_higher.png").stat().st_size > 2000
   written = {p.name: p for p in out.glob("*.png")}
   assert expected <= set(written), sorted(written)
   for path in written.values():
@@ -89,3 +95,4 @@ def test_notebook_executes_and_writes_figures(kernel_env, monkeypatch):
   assert "3 run(s)" in text  # grpo_tiny + the two ablation steps
   assert "| clip_higher | 0.500 |" in text  # the ablation table was rendered
   assert "promotes" in text  # the trick-impact tables were rendered
+  assert "### clip_higher vs baseline" in text  # and the ablation's, from config.json

@@ -68,3 +68,23 @@ def test_impact_section_compares_steps_with_the_baseline(tmp_path):
   # clip-higher touches positive-advantage tokens only.
   rows = [r for r in text.splitlines() if r.startswith("| A<0")]
   assert rows and all(r.endswith("| unchanged |") for r in rows)
+
+
+def test_ablation_variants_from_config_json(tmp_path):
+  from rljax.analysis.trick_impact import LossVariant
+
+  algo = dict(policy_loss="ppo", ratio_level="token", eps_low=0.2, eps_high=0.2, dual_clip=0.0,
+              ratio_cap=0.0, loss_agg="seq_mean_token_mean", high_entropy_fraction=0.0,
+              psr_weight=1.0, nsr_weight=1.0, overlong_filter=False)
+  abl = tmp_path / "ablate_y"
+  for step, changes in (("token_mean", {"loss_agg": "token_mean"}), ("base", {}),
+                        ("no_config", None)):
+    (abl / step).mkdir(parents=True)
+    if changes is not None:
+      (abl / step / "config.json").write_text(json.dumps(
+          {"algo": {**algo, **changes}, "sampling": {"max_new_tokens": 16}}))
+  (abl / "results.json").write_text(json.dumps({"base": {}, "token_mean": {}, "no_config": {}}))
+  variants = runs.ablation_variants(abl)
+  assert list(variants) == ["base", "token_mean"]  # results.json order; no config: skipped
+  assert variants["token_mean"] == LossVariant(name="token_mean", loss_agg="token_mean",
+                                               max_len=16)

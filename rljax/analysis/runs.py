@@ -12,6 +12,7 @@ import json
 import math
 import os
 import pathlib
+import types
 
 import numpy as np
 
@@ -168,3 +169,31 @@ def load_batch(run_dir):
     return None
   with np.load(path) as data:
     return {k: data[k] for k in data.files}
+
+
+def _namespace(value):
+  if isinstance(value, dict):
+    return types.SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
+  return value
+
+
+def variant_of_run(run_dir, *, name=None):
+  """The LossVariant of a run, from the `config.json` the trainer writes; None if absent."""
+  from rljax.analysis.trick_impact import variant_from_config
+
+  path = pathlib.Path(run_dir) / "config.json"
+  if not path.exists():
+    return None
+  return variant_from_config(_namespace(json.loads(path.read_text())),
+                             name=name or pathlib.Path(run_dir).name)
+
+
+def ablation_variants(ablation_dir):
+  """{step: LossVariant} of an ablation's step runs that have a config.json, in the order
+  of results.json (else sorted)."""
+  ablation_dir = pathlib.Path(ablation_dir)
+  results = ablation_dir / "results.json"
+  steps = (list(json.loads(results.read_text())) if results.exists()
+           else sorted(p.name for p in ablation_dir.iterdir() if p.is_dir()))
+  variants = {step: variant_of_run(ablation_dir / step) for step in steps}
+  return {step: v for step, v in variants.items() if v is not None}
