@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from rljax.models import Decoder, ModelConfig
+from rljax.models.testing import perturb_params
 
 CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, attention_bias=True, qk_norm=True)
@@ -25,12 +26,7 @@ def _left_padded(rng, b, p, t, vocab):
 
 def _randomize(model, seed):
   """Replace the zero/one initialised biases and norms so every path is exercised."""
-  state = nnx.state(model, nnx.Param)
-  leaves, tree = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  nnx.update(model, jax.tree.unflatten(tree, leaves))
-  return model
+  return perturb_params(model, scale=0.1, seed=seed)
 
 
 @nnx.jit

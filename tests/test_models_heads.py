@@ -25,6 +25,11 @@ def test_last_token_index_golden():
 
 
 @nnx.jit
+def _call(m, tokens, positions, mask):
+  return m(tokens, positions=positions, attention_mask=mask)
+
+
+@nnx.jit
 def _score(rm, tokens, positions, mask, last):
   return rm.score(tokens, positions, mask, last)
 
@@ -40,7 +45,7 @@ def test_reward_scores_eos_token_independent_of_padding_side():
   r_right = _score(rm, right, pos(rmask), rmask, last_token_index(rmask))
   r_left = _score(rm, left, pos(lmask), lmask, last_token_index(lmask))
   np.testing.assert_allclose(r_right, r_left, atol=1e-5)
-  per_token = rm(right, positions=pos(rmask), attention_mask=rmask)
+  per_token = _call(rm, right, pos(rmask), rmask)
   np.testing.assert_allclose(r_right, per_token[jnp.arange(2), jnp.array([3, 6])], atol=1e-6)
   assert not np.allclose(r_right[0], per_token[0, 2])  # a different token scores differently
 
@@ -50,15 +55,15 @@ def test_critic_from_reward_model_and_from_policy():
   tokens = jnp.array([[1, 2, 3, 4, 5]], jnp.int32)
   pos, mask = jnp.arange(5)[None], jnp.ones_like(tokens)
   critic = ValueModel.from_reward_model(rm)
-  np.testing.assert_allclose(critic(tokens, positions=pos, attention_mask=mask),
-                             rm(tokens, positions=pos, attention_mask=mask), atol=1e-6)
+  np.testing.assert_allclose(_call(critic, tokens, pos, mask), _call(rm, tokens, pos, mask),
+                             atol=1e-6)
   policy = Decoder(CFG, rngs=nnx.Rngs(3))
   critic2 = ValueModel.from_policy(policy, rngs=nnx.Rngs(4))
-  hidden = policy.hidden_states(tokens, positions=pos, attention_mask=mask)
-  np.testing.assert_allclose(critic2(tokens, positions=pos, attention_mask=mask),
-                             critic2.head(hidden), atol=1e-6)
+  hidden = nnx.jit(lambda p: p.hidden_states(tokens, positions=pos, attention_mask=mask))(policy)
+  np.testing.assert_allclose(_call(critic2, tokens, pos, mask), critic2.head(hidden), atol=1e-6)
   # the copies are independent: training the critic does not move the reward model
-  grads = nnx.grad(lambda m: jnp.sum(m(tokens, positions=pos, attention_mask=mask)))(critic)
+  grads = nnx.jit(nnx.grad(lambda m: jnp.sum(m(tokens, positions=pos, attention_mask=mask))))(
+      critic)
   g = jax.tree.leaves(grads)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in g)
   assert np.any(np.asarray(grads["trunk"]["layers"][0]["mlp"]["down"][...]) != 0)

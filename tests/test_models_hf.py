@@ -3,7 +3,6 @@
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 from rljax.models import Decoder, ModelConfig, load_hf, save_hf
 from rljax.models.hf import tensor_specs
+from rljax.models.testing import perturb_params
 
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
@@ -118,14 +118,7 @@ def test_sharded_checkpoint_loads(tmp_path):
 
 
 def _random_rljax(cfg, seed):
-  model = Decoder(cfg, rngs=nnx.Rngs(seed))
-  state = nnx.state(model, nnx.Param)
-  leaves, tree = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [(x.astype(jnp.float32) + 0.05 * jax.random.normal(k, x.shape)).astype(x.dtype)
-            for x, k in zip(leaves, keys)]
-  nnx.update(model, jax.tree.unflatten(tree, leaves))
-  return model
+  return perturb_params(Decoder(cfg, rngs=nnx.Rngs(seed)), scale=0.05, seed=seed)
 
 
 EXPORT_CASES = {

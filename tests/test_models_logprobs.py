@@ -10,11 +10,12 @@ from flax import nnx
 
 from rljax.models import Decoder, ModelConfig
 from rljax.models.logprobs import (
-    logprobs_and_entropy_from_hidden,
-    logprobs_from_hidden,
-    token_logprobs,
-    token_logprobs_and_entropy,
+  logprobs_and_entropy_from_hidden,
+  logprobs_from_hidden,
+  token_logprobs,
+  token_logprobs_and_entropy,
 )
+from rljax.models.testing import perturb_params
 
 CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, arch="qwen2")
@@ -48,11 +49,11 @@ def _naive(h, y, w, tau):
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 4, 7, 128])
 def test_chunked_equals_naive(chunk_size):
-  kh, kw, ky = jax.random.split(jax.random.key(0), 3)
+  rng = np.random.default_rng(0)
   b, t, d, v = 2, 7, 8, 33  # chunk 3 and 4 do not divide T=7
-  h = jax.random.normal(kh, (b, t, d))
-  w = jax.random.normal(kw, (d, v))
-  y = jax.random.randint(ky, (b, t), 0, v)
+  h = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((d, v)), jnp.float32)
+  y = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
   fn = jax.jit(lambda h, y: logprobs_and_entropy_from_hidden(
       h, y, lambda x: x @ w, temperature=0.7, chunk_size=chunk_size))
   logp, ent = fn(h, y)
@@ -80,14 +81,7 @@ def _batch():
 
 
 def _perturbed_model(cfg):
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  state = nnx.state(model, nnx.Param)
-  leaves, tree = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(1), len(leaves))
-  leaves = [(x + 0.1 * jax.random.normal(k, x.shape)).astype(x.dtype)
-            for x, k in zip(leaves, keys)]
-  nnx.update(model, jax.tree.unflatten(tree, leaves))
-  return model
+  return perturb_params(Decoder(cfg, rngs=nnx.Rngs(0)), scale=0.1, seed=1)
 
 
 @nnx.jit(static_argnames=("prompt_len",))
