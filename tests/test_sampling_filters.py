@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from rljax.sampling import SamplingParams, filter_logits, sample_tokens, truncated_log_softmax
-from rljax.sampling.filters import min_p_keep, top_k_keep, top_p_keep
+from rljax.sampling.filters import fast_argmax, min_p_keep, top_k_keep, top_p_keep
 
 
 def reference_probs(logits_v, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -110,10 +110,10 @@ def test_chi_square_empirical_frequencies_match_filtered_distribution(cfg):
   """20k draws with a fixed seed; frequencies vs the exact filtered distribution."""
   n_draws, vocab = 20_000, 8
   logits_v = np.random.default_rng(2).normal(size=vocab).astype(np.float32) * 1.5
-  keys = jax.random.split(jax.random.key(123), n_draws)
+  key = jax.random.key(123)
   logits_bv = jnp.broadcast_to(jnp.asarray(logits_v), (n_draws, vocab))
   tokens, logp, logp_full = jax.jit(lambda lg, k: sample_tokens(lg, k, **_jax_kwargs(cfg)))(
-      logits_bv, keys)
+      logits_bv, key)
   tokens = np.asarray(tokens)
   want = reference_probs(logits_v, **cfg)
   counts = np.bincount(tokens, minlength=vocab)
@@ -132,9 +132,9 @@ def test_chi_square_rejects_the_unfiltered_distribution():
   """Power check: top-k=3 samples do not look like the untruncated softmax."""
   vocab, n_draws = 8, 20_000
   logits_v = np.random.default_rng(2).normal(size=vocab).astype(np.float32) * 1.5
-  keys = jax.random.split(jax.random.key(7), n_draws)
+  key = jax.random.key(7)
   tokens, _, _ = sample_tokens(jnp.broadcast_to(jnp.asarray(logits_v), (n_draws, vocab)),
-                               keys, top_k=3)
+                               key, top_k=3)
   counts = np.bincount(np.asarray(tokens), minlength=vocab)
   full = reference_probs(logits_v)
   assert stats.chisquare(counts, full * n_draws).pvalue < 1e-10
@@ -142,20 +142,27 @@ def test_chi_square_rejects_the_unfiltered_distribution():
 
 def test_greedy_is_argmax_with_zero_logp_and_full_logp():
   logits_bv = jnp.asarray(np.random.default_rng(3).normal(size=(4, 10)), jnp.float32)
-  keys = jax.random.split(jax.random.key(0), 4)
-  tokens, logp, logp_full = sample_tokens(logits_bv, keys, greedy=True, temperature=0.5)
+  tokens, logp, logp_full = sample_tokens(logits_bv, jax.random.key(0), greedy=True,
+                                          temperature=0.5)
   np.testing.assert_array_equal(tokens, np.argmax(np.asarray(logits_bv), -1))
   np.testing.assert_array_equal(logp, np.zeros(4))
   ref = np.asarray(jax.nn.log_softmax(logits_bv / 0.5))[np.arange(4), np.asarray(tokens)]
   np.testing.assert_allclose(logp_full, ref, atol=1e-6)
 
 
-def test_rows_draw_independently_of_the_rest_of_the_batch():
+def test_a_rows_draw_does_not_depend_on_rows_appended_after_it():
+  """Batch padding appends rows; the real rows' draws must not change."""
   logits_bv = jnp.asarray(np.random.default_rng(4).normal(size=(6, 50)), jnp.float32)
-  keys = jax.random.split(jax.random.key(1), 6)
-  full, _, _ = sample_tokens(logits_bv, keys, top_p=0.9)
-  part, _, _ = sample_tokens(logits_bv[2:4], keys[2:4], top_p=0.9)
-  np.testing.assert_array_equal(np.asarray(full)[2:4], part)
+  full, _, _ = sample_tokens(logits_bv, jax.random.key(1), top_p=0.9)
+  part, _, _ = sample_tokens(logits_bv[:3], jax.random.key(1), top_p=0.9)
+  np.testing.assert_array_equal(np.asarray(full)[:3], part)
+
+
+def test_fast_argmax_matches_argmax_with_ties():
+  x = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [-jnp.inf, -1.0, -jnp.inf, -1.0], [2.0, 2.0, 2.0, 2.0]])
+  np.testing.assert_array_equal(fast_argmax(x), [1, 1, 0])
+  y = jnp.asarray(np.random.default_rng(5).normal(size=(7, 33)), jnp.float32)
+  np.testing.assert_array_equal(fast_argmax(y), jnp.argmax(y, -1))
 
 
 @pytest.mark.parametrize("kwargs,field", [

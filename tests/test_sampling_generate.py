@@ -8,6 +8,7 @@ from flax import nnx
 from scipy import stats
 
 from rljax.models import Decoder, ModelConfig
+from rljax.parallel import make_mesh, replicated_fraction, shard_model
 from rljax.sampling import SamplingParams, compile_count, generate, truncated_log_softmax
 
 CFG = ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -133,15 +134,20 @@ def test_chi_square_first_token_through_generate(model):
   assert stats.chisquare(counts[kept], want[kept] / want[kept].sum() * 2048).pvalue > 1e-3
 
 
-def test_sharded_on_8_devices_equals_unsharded(model):
+@pytest.mark.parametrize("axes", [dict(data=8), dict(data=2, fsdp=2, tensor=2)])
+def test_sharded_on_8_devices_equals_unsharded(model, axes):
   assert jax.device_count() == 8
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = make_mesh(**axes)
   tokens, mask = _prompts([3, 7, 1, 5], width=7)
   sp = SAMPLING.replace(n=4)
   base = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(9))
   sharded = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(9), mesh=mesh)
   np.testing.assert_array_equal(sharded.tokens, base.tokens)
   np.testing.assert_allclose(sharded.logp, base.logp, atol=1e-5)
+  sharded_model = shard_model(nnx.merge(*nnx.split(model)), mesh)   # pre-sharded parameters
+  assert replicated_fraction(sharded_model) < 1.0 or axes == dict(data=8)
+  again = generate(sharded_model, tokens, mask, sampling=sp, rng=jax.random.key(9), mesh=mesh)
+  np.testing.assert_array_equal(again.tokens, base.tokens)
 
 
 def test_bf16_sampler_is_close_to_but_not_equal_to_fp32(model, rollout):

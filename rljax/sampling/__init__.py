@@ -7,9 +7,9 @@ sampling, rng) -> Rollout`, `compile_count()`; the token filters live in
 
 from rljax.sampling.buckets import compile_count
 from rljax.sampling.filters import filter_logits, sample_tokens, truncated_log_softmax
-from rljax.sampling.generate import generate
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
+from rljax.sampling.sampler import generate
 
 __all__ = [
     "Rollout",

@@ -2,8 +2,9 @@
 
 The model enters the program as `nnx.split(model)`: the graph definition is a static
 argument and the parameters a traced one, so new parameters after an RL update reuse the
-compiled program. Each row draws from its own PRNG stream (`fold_in(rng, row)` then
-`fold_in(., step)`), so results do not depend on batch padding or sharding.
+compiled program. Step t draws its Gumbel noise for all rows from `fold_in(rng, t)`; row b
+reads flat index b·V + v of that draw, so results do not depend on batch padding or
+sharding (partitionable threefry).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.parallel import BATCH_AXES, state_shardings
 from rljax.sampling import buckets
 from rljax.sampling.filters import sample_tokens
 from rljax.sampling.params import SamplingParams
@@ -51,16 +53,13 @@ def _spec_and_scalars(sampling: SamplingParams, pad_id: int):
   return spec, scalars
 
 
-def _sampler(spec: _Spec, scalars_3, row_keys_r):
-  """Returns step(t, logits_rv) -> (tokens, logp, logp_full) with per-row, per-step keys."""
+def _sampler(spec: _Spec, scalars_3, rng):
+  """Returns step(t, logits_rv) -> (tokens, logp, logp_full), drawing with fold_in(rng, t)."""
   draw = functools.partial(
       sample_tokens, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
       top_p=scalars_3[1] if spec.use_top_p else None,
       min_p=scalars_3[2] if spec.use_min_p else None)
-  def step(t, logits_rv):
-    keys_r = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys_r, t)
-    return draw(logits_rv, keys_r)
-  return step
+  return lambda t, logits_rv: draw(logits_rv, jax.random.fold_in(rng, t))
 
 
 def _is_stop(tokens_r, stop_tokens):
@@ -91,8 +90,7 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
   kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
   cache = model.init_cache(r, p + t_max)
   last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs)
-  row_keys_r = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.arange(r))
-  step = _sampler(spec, scalars_3, row_keys_r)
+  step = _sampler(spec, scalars_3, rng)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
   out = _Decoded(
       tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),
@@ -214,36 +212,26 @@ def _graphdef_for(cls, cfg):
 
 
 def _batch_sharding(mesh):
-  try:
-    from rljax.parallel import batch_sharding
-  except ImportError:  # rljax.parallel not available: shard rows over the data-like axes.
-    axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names) or mesh.axis_names[:1]
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes))
-  return batch_sharding(mesh)
+  """Rows split over the mesh's batch axes (`rljax.parallel.BATCH_AXES` present in it)."""
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes or None))
 
 
 def _data_shards(mesh) -> int:
   if mesh is None:
     return 1
-  axes = _batch_sharding(mesh).spec[0]
-  axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
-  return int(np.prod([mesh.shape[a] for a in axes]))
+  return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
 
 
 def _place(mesh, tokens_rw, mask_rw, state):
-  """Puts rows on the mesh's data axes; parameters not yet on the mesh get its shardings."""
+  """Puts rows on the mesh's batch axes; parameters not yet on the mesh get the shardings of
+  their logical axes (`rljax.parallel.state_shardings`)."""
   if mesh is None:
     return tokens_rw, mask_rw, state
   rows = _batch_sharding(mesh)
   tokens_rw, mask_rw = jax.device_put(tokens_rw, rows), jax.device_put(mask_rw, rows)
-  leaves = jax.tree.leaves(state)
   on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
-                and x.sharding.mesh == mesh for x in leaves)
+                and x.sharding.mesh == mesh for x in jax.tree.leaves(state))
   if not on_mesh:
-    state = jax.device_put(state, _state_shardings(state, mesh))
+    state = jax.device_put(state, state_shardings(state, mesh))
   return tokens_rw, mask_rw, state
-
-
-def _state_shardings(state, mesh):
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  return jax.tree.map(lambda _: replicated, state)
