@@ -161,11 +161,12 @@ def synthetic_batch(*, seed=0, batch=32, max_len=24, group=8):
               scores=scores, truncated=lengths >= max_len)
 
 
-def load_batch(run_dir):
-  """A recorded batch (`run_dir/analysis_batch.npz` with the keys of `synthetic_batch`),
-  or None."""
-  path = pathlib.Path(run_dir) / BATCH_FILE
-  if not path.exists():
+def load_batch(path):
+  """A recorded batch with the keys of `synthetic_batch`: `path` is an .npz file or a run
+  directory holding `analysis_batch.npz`; None if there is none."""
+  path = pathlib.Path(path)
+  path = path if path.suffix == ".npz" else path / BATCH_FILE
+  if not path.is_file():
     return None
   with np.load(path) as data:
     return {k: data[k] for k in data.files}
