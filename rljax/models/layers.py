@@ -144,17 +144,24 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-  def attend(self, q_bshe, k_btke, v_btke, mask_bst):
-    """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D]."""
+  def attend(self, q_bshe, k_bkte, v_bkte, mask_bst):
+    """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D].
+
+    Args:
+      q_bshe: queries [B,S,H,Dh].
+      k_bkte, v_bkte: keys / values [B,K,T,Dh] (heads before time, the KV-cache layout,
+        so the attention dots read them in place).
+      mask_bst: bool [B,S,T], True = query s may attend key t.
+    """
     b, s, h, dh = q_bshe.shape
-    kh = k_btke.shape[2]
-    chex.assert_shape(mask_bst, (b, s, k_btke.shape[1]))
+    kh = k_bkte.shape[1]
+    chex.assert_shape(mask_bst, (b, s, k_bkte.shape[2]))
     q = q_bshe.reshape(b, s, kh, h // kh, dh) * jnp.asarray(dh ** -0.5, q_bshe.dtype)
-    scores = jnp.einsum("bskgd,btkd->bkgst", q, k_btke,
+    scores = jnp.einsum("bskgd,bktd->bkgst", q, k_bkte,
                         preferred_element_type=jnp.float32)  # [B,K,G,S,T]
     scores = jnp.where(mask_bst[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_btke.dtype)
-    out = jnp.einsum("bkgst,btkd->bskgd", probs, v_btke).reshape(b, s, h, dh)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
+    out = jnp.einsum("bkgst,bktd->bskgd", probs, v_bkte).reshape(b, s, h, dh)
     dt = self.cfg.compute_dtype
     y = jnp.einsum("bshe,hed->bsd", out, self.o[...].astype(dt))  # [B,S,D]
     if self.cfg.attention_out_bias:
@@ -195,21 +202,21 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x_bsd, cos, sin, mask_bst):
     """Full (uncached) block over S tokens; mask_bst [B,S,S] bool."""
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
-    x_bsd = x_bsd + self.attn.attend(q, k, v, mask_bst)
+    x_bsd = x_bsd + self.attn.attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask_bst)
     return x_bsd + self.mlp(self.mlp_norm(x_bsd))
 
-  def cached(self, x_bsd, cos, sin, mask_bst, cache_k, cache_v, layer, start):
-    """Block over S new tokens that writes K/V into slots [start, start+S) of layer `layer`.
+  def cached(self, x_bsd, cos, sin, mask_bst, k_bkte, v_bkte, start):
+    """Block over S new tokens that writes their K/V into slots [start, start+S).
 
     Args:
-      cache_k, cache_v: [L,B,S_max,K,Dh] for all layers.
+      k_bkte, v_bkte: this layer's cache, [B,K,S_max,Dh] each.
       mask_bst: [B,S,S_max] bool.
     Returns:
-      (x [B,S,D], cache_k, cache_v) with this layer's slots updated.
+      (x [B,S,D], k_bkte, v_bkte) with the new slots written.
     """
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
-    idx = (layer, 0, start, 0, 0)
-    cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), idx)
-    cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), idx)
-    x_bsd = x_bsd + self.attn.attend(q, cache_k[layer], cache_v[layer], mask_bst)
-    return x_bsd + self.mlp(self.mlp_norm(x_bsd)), cache_k, cache_v
+    idx = (0, 0, start, 0)
+    k_bkte = jax.lax.dynamic_update_slice(k_bkte, k.swapaxes(1, 2).astype(k_bkte.dtype), idx)
+    v_bkte = jax.lax.dynamic_update_slice(v_bkte, v.swapaxes(1, 2).astype(v_bkte.dtype), idx)
+    x_bsd = x_bsd + self.attn.attend(q, k_bkte, v_bkte, mask_bst)
+    return x_bsd + self.mlp(self.mlp_norm(x_bsd)), k_bkte, v_bkte
