@@ -176,3 +176,39 @@ def test_missing_tensor_error(tmp_path):
   save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_norm\.weight"):
     load_hf(str(tmp_path))
+
+
+def test_reward_model_import_parity_and_export(tmp_path):
+  """HF *ForSequenceClassification pools at the last non-pad token; rljax scores there."""
+  from rljax.models import ValueModel, load_hf_reward, save_hf_reward
+  from rljax.models.heads import last_token_index
+
+  config = transformers.Qwen3Config(**{**BASE, "head_dim": 16, "num_labels": 1,
+                                       "pad_token_id": 0})
+  torch.manual_seed(5)
+  hf_rm = transformers.Qwen3ForSequenceClassification(config).eval()
+  with torch.no_grad():
+    for p in hf_rm.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  hf_rm.save_pretrained(tmp_path / "in")
+  rm, cfg = load_hf_reward(str(tmp_path / "in"))
+  tokens, positions, mask = _batch(4)
+  with torch.no_grad():
+    want = hf_rm(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                 position_ids=torch.tensor(positions)).logits[:, 0].numpy()
+  args = [jnp.asarray(x, jnp.int32) for x in (tokens, positions, mask)]
+  score = nnx.jit(lambda m, t, p, a: m.score(t, p, a, last_token_index(a)))
+  got = np.asarray(score(rm, *args))
+  assert np.max(np.abs(got - want)) < 1e-4
+  save_hf_reward(rm, cfg, str(tmp_path / "out"))
+  hf_again = transformers.AutoModelForSequenceClassification.from_pretrained(
+      str(tmp_path / "out"), dtype=torch.float32).eval()
+  with torch.no_grad():
+    again = hf_again(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                     position_ids=torch.tensor(positions)).logits[:, 0].numpy()
+  assert np.max(np.abs(again - want)) < 1e-4
+  # critic initialised from the imported reward model: values at EOS == rewards
+  critic = ValueModel.from_reward_model(rm)
+  values = nnx.jit(lambda m, t, p, a: m(t, positions=p, attention_mask=a))(critic, *args)
+  np.testing.assert_allclose(np.asarray(values)[np.arange(3), np.asarray(
+      last_token_index(args[2]))], got, atol=1e-5)

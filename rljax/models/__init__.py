@@ -3,7 +3,14 @@
 from rljax.models.config import ModelConfig, RopeScaling
 from rljax.models.decoder import Decoder, KVCache
 from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
-from rljax.models.hf import config_from_hf, config_to_hf, load_hf, save_hf
+from rljax.models.hf import (
+    config_from_hf,
+    config_to_hf,
+    load_hf,
+    load_hf_reward,
+    save_hf,
+    save_hf_reward,
+)
 from rljax.models.logprobs import (
     logprobs_and_entropy_from_hidden,
     logprobs_from_hidden,
@@ -14,6 +21,6 @@ from rljax.models.logprobs import (
 __all__ = [
     "Decoder", "KVCache", "ModelConfig", "RewardModel", "RopeScaling", "ScalarHead",
     "ValueModel", "config_from_hf", "config_to_hf", "last_token_index", "load_hf",
-    "logprobs_and_entropy_from_hidden", "logprobs_from_hidden", "save_hf", "token_logprobs",
-    "token_logprobs_and_entropy",
+    "load_hf_reward", "logprobs_and_entropy_from_hidden", "logprobs_from_hidden", "save_hf",
+    "save_hf_reward", "token_logprobs", "token_logprobs_and_entropy",
 ]

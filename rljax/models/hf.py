@@ -29,6 +29,8 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 _HF_CLASS = {v: k for k, v in _ARCHITECTURES.items()}
+_REWARD_ARCHITECTURES = {k.replace("CausalLM", "SequenceClassification"): v
+                         for k, v in _ARCHITECTURES.items()}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -112,19 +114,27 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
   return specs
 
 
-def config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None) -> ModelConfig:
+def config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None,
+                   reward: bool = False) -> ModelConfig:
   """Translates a `transformers` config.json dict into a `ModelConfig`.
 
+  Args:
+    hf: the config.json dict.
+    dtype, param_dtype: as for `load_hf`.
+    reward: expect a *ForSequenceClassification (reward model) architecture.
   Raises:
     ValueError: unsupported architecture or feature (names it and lists what is supported).
   """
+  table = _REWARD_ARCHITECTURES if reward else _ARCHITECTURES
   archs = hf.get("architectures") or []
   arch_name = archs[0] if archs else hf.get("model_type", "<none>")
-  arch = _ARCHITECTURES.get(arch_name) or (
+  arch = table.get(arch_name) or (
       hf.get("model_type") if not archs and hf.get("model_type") in _HF_CLASS else None)
   if arch is None:
-    raise ValueError(f"Unsupported architecture {arch_name!r}; rljax.models.load_hf supports "
-                     f"{sorted(_ARCHITECTURES)}")
+    raise ValueError(f"Unsupported architecture {arch_name!r}; "
+                     f"{'load_hf_reward' if reward else 'load_hf'} supports {sorted(table)}")
+  if reward and hf.get("num_labels", len(hf.get("id2label") or [0])) != 1:
+    raise ValueError(f"{arch_name}: a reward model needs num_labels == 1")
   if hf.get("hidden_act", "silu") != "silu":
     raise ValueError(f"{arch_name}: hidden_act={hf['hidden_act']!r} unsupported (only 'silu')")
   if hf.get("mlp_bias") or hf.get("use_sliding_window"):
@@ -171,26 +181,13 @@ def _tensor_index(path: str) -> dict[str, str]:
   return out
 
 
-def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelConfig]:
-  """Loads a local Hugging Face Llama / Qwen2 / Qwen3 checkpoint directory.
-
-  Args:
-    path: directory with config.json and *.safetensors.
-    dtype: compute dtype (default float32).
-    param_dtype: parameter storage dtype (default: `dtype`).
-  Returns:
-    (model, model_config).
-  Raises:
-    ValueError: unsupported architecture or a tensor missing from the checkpoint.
-  """
-  with open(os.path.join(path, "config.json")) as f:
-    cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
-  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+def _fill(model, specs, path, cfg) -> None:
+  """Reads every tensor in `specs` from the checkpoint at `path` into `model`."""
   where = _tensor_index(path)
   handles = {}
   used = set()
   try:
-    for spec in tensor_specs(cfg):
+    for spec in specs:
       if spec.hf_name not in where:
         raise ValueError(f"Tensor {spec.hf_name!r} missing from checkpoint {path!r} "
                          f"({_HF_CLASS[cfg.arch]})")
@@ -210,6 +207,52 @@ def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelC
   extra = [k for k in where if k not in used and not k.endswith(_IGNORED_SUFFIXES)]
   if extra and not (cfg.tie_embeddings and extra == ["lm_head.weight"]):
     logging.warning("load_hf(%s): %d unused tensors, e.g. %s", path, len(extra), extra[:5])
+
+
+def _read_config(path, **kwargs) -> ModelConfig:
+  with open(os.path.join(path, "config.json")) as f:
+    return config_from_hf(json.load(f), **kwargs)
+
+
+def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelConfig]:
+  """Loads a local Hugging Face Llama / Qwen2 / Qwen3 causal-LM checkpoint directory.
+
+  Args:
+    path: directory with config.json and *.safetensors (one file or sharded with
+      model.safetensors.index.json).
+    dtype: compute dtype (default float32, whatever the checkpoint's storage dtype).
+    param_dtype: parameter storage dtype (default: `dtype`).
+  Returns:
+    (model, model_config).
+  Raises:
+    ValueError: unsupported architecture or a tensor missing from the checkpoint.
+  """
+  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype)
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  _fill(model, tensor_specs(cfg), path, cfg)
+  return model, cfg
+
+
+def _reward_specs(cfg: ModelConfig) -> list[TensorSpec]:
+  trunk = [s._replace(get=lambda m, g=s.get: g(m.trunk))
+           for s in tensor_specs(cfg.replace(tie_embeddings=True))]
+  score = TensorSpec("score.weight", lambda m: m.head.w, lambda w: w.reshape(-1),
+                     lambda w: w.reshape(1, -1))
+  return trunk + [score]
+
+
+def load_hf_reward(path: str, *, dtype=None, param_dtype=None):
+  """Loads a Llama / Qwen2 / Qwen3 *ForSequenceClassification (num_labels 1) reward model.
+
+  Returns:
+    (`RewardModel`, model_config); the score head bias is 0 (HF's `score` has none).
+  """
+  from rljax.models.heads import RewardModel  # heads imports decoder; avoid a cycle
+
+  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype, reward=True)
+  model = nnx.eval_shape(lambda: RewardModel(cfg, rngs=nnx.Rngs(0)))
+  _fill(model, _reward_specs(cfg), path, cfg.replace(tie_embeddings=True))
+  model.head.b.set_value(jnp.zeros((), cfg.weight_dtype))
   return model, cfg
 
 
@@ -243,27 +286,55 @@ def config_to_hf(cfg: ModelConfig) -> dict[str, Any]:
   return out
 
 
+def _export_config(cfg: ModelConfig) -> ModelConfig:
+  """The config with the HF architecture's bias layout (missing biases are zero-filled)."""
+  full_bias = cfg.arch == "qwen2" or cfg.attention_bias or cfg.attention_out_bias
+  return cfg.replace(attention_bias=full_bias, attention_out_bias=cfg.arch != "qwen2" and full_bias)
+
+
+def _write(model, specs, shapes_model, cfg, hf_cfg, path) -> None:
+  tensors = {}
+  for spec in specs:
+    try:
+      value = np.asarray(spec.get(model)[...])
+    except AttributeError:  # a bias this model does not have
+      value = np.zeros(spec.get(shapes_model).shape, cfg.weight_dtype)
+    tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value))
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=2)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
 def save_hf(model: Decoder, model_config: ModelConfig, path: str) -> None:
   """Writes config.json + model.safetensors loadable by `transformers.from_pretrained`.
 
   Note: biases the HF architecture always has (Qwen2 q/k/v; Llama/Qwen3 q/k/v/o when
   attention_bias) but the rljax model lacks are written as zeros, which is exact.
   """
-  cfg = model_config
-  hf_cfg = config_to_hf(cfg)
-  # Export with the HF architecture's bias layout, zero-filling what the model lacks.
-  full_bias = cfg.arch == "qwen2" or hf_cfg.get("attention_bias", False)
-  export_cfg = cfg.replace(attention_bias=cfg.attention_bias or full_bias,
-                           attention_out_bias=cfg.arch != "qwen2" and full_bias)
+  export_cfg = _export_config(model_config)
   shapes = nnx.eval_shape(lambda: Decoder(export_cfg, rngs=nnx.Rngs(0)))
-  tensors = {}
-  for spec in tensor_specs(export_cfg):
-    try:
-      value = np.asarray(spec.get(model)[...])
-    except AttributeError:  # a bias this model does not have
-      value = np.zeros(spec.get(shapes).shape, cfg.weight_dtype)
-    tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value))
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(hf_cfg, f, indent=2)
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  _write(model, tensor_specs(export_cfg), shapes, model_config, config_to_hf(model_config),
+         path)
+
+
+def save_hf_reward(model, model_config: ModelConfig, path: str) -> None:
+  """Writes a `RewardModel` as *ForSequenceClassification (num_labels 1).
+
+  Note: HF's score layer has no bias; a non-zero head bias (a constant shift of every
+  reward, which Bradley-Terry training cannot identify) is dropped with a warning.
+  """
+  from rljax.models.heads import RewardModel
+
+  bias = float(np.asarray(model.head.b[...], np.float32))
+  if bias != 0.0:
+    logging.warning("save_hf_reward: dropping score bias %g (HF score has no bias)", bias)
+  export_cfg = _export_config(model_config)
+  shapes = nnx.eval_shape(lambda: RewardModel(export_cfg, rngs=nnx.Rngs(0)))
+  hf_cfg = config_to_hf(model_config)
+  hf_cfg.update(architectures=[_HF_CLASS[model_config.arch].replace(
+      "CausalLM", "SequenceClassification")], num_labels=1, tie_word_embeddings=False)
+  if hf_cfg.get("pad_token_id") is None:
+    hf_cfg["pad_token_id"] = hf_cfg.get("eos_token_id") if isinstance(
+        hf_cfg.get("eos_token_id"), int) else 0
+  _write(model, _reward_specs(export_cfg), shapes, model_config, hf_cfg, path)
