@@ -59,6 +59,7 @@ def base_config() -> ConfigDict:
       difficulty_max=3,        # highest level (levels mixed uniformly); 0: same as difficulty
       seed=1234,
       heldout_size=128,
+      digits=1,                # arithmetic: digits per operand
       jsonl_path="",           # for name == "jsonl"
       prompt_sampler="uniform",  # uniform | curriculum | prioritized
       format_weight=0.1,       # weight of the format reward in the total score
@@ -160,7 +161,8 @@ def base_config() -> ConfigDict:
       grad_clip=1.0,
   ))
 
-  c.parallel = ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  # Mesh over the first `num_devices` devices (0: all); one size may be -1 (the rest).
+  c.parallel = ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0))
   return c
 
 

@@ -12,6 +12,7 @@ from flax import nnx
 from rljax.ops import kl as kl_ops
 from rljax.ops import masks, mismatch, shaping
 from rljax.ops.stats import masked_mean
+from rljax.parallel import batch_sharding
 from rljax.train import objective, rollout
 from rljax.train.advantages import compute_advantages
 
@@ -92,7 +93,9 @@ def prepare(setup, fns, state, rows, keys, moments):
   """Everything the update needs, as device arrays; plus rollout metrics."""
   c = setup.config
   a = c.algo
-  batch = {k: jnp.asarray(rows[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
+  rows_sharding = batch_sharding(setup.mesh)
+  batch = {k: jax.device_put(rows[k], rows_sharding)
+           for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
   old_logp, entropy = fns.policy_stats(state.actor, batch)
   sampler_logp = jnp.asarray(rows["sampler_logp"])
   mask = batch["mask"].astype(jnp.float32)
@@ -194,12 +197,17 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   if c.algo.kl_controller == "adaptive" and state.ref is not None:
     ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
                                       horizon=c.algo.kl_horizon)
-    state = state._replace(kl_coef=jnp.asarray(
-        ctl.update(metrics.get("kl/to_ref", 0.0), upd["mask"].shape[0]).value, jnp.float32))
+    new_coef = ctl.update(metrics.get("kl/to_ref", 0.0), upd["mask"].shape[0]).value
+    state = state._replace(kl_coef=_like(state.kl_coef, new_coef))
   t2 = time.perf_counter()
   tokens = float(np.sum(rows["lengths"]))
   metrics.update(stats)
   metrics.update(update_metrics)
   metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
                   "time/tokens_per_s": tokens / max(stats["time_generate_s"], 1e-9)})
-  return state._replace(iteration=jnp.asarray(iteration + 1, jnp.int32)), metrics, moments
+  return state._replace(iteration=_like(state.iteration, iteration + 1)), metrics, moments
+
+
+def _like(old, value):
+  """`value` with the dtype and sharding of `old` (keeps the update step's cache warm)."""
+  return jax.device_put(jnp.asarray(value, old.dtype), old.sharding)

@@ -16,7 +16,7 @@ from rljax.ops.shaping import RunningMoments
 from rljax.train import checkpoint, metrics, sft
 from rljax.train.evaluate import evaluate
 from rljax.train.iteration import ForwardFns, rl_iteration
-from rljax.train.setup import build, init_state
+from rljax.train.setup import build, compile_update, init_state
 from rljax.train.validate import validate
 
 
@@ -84,6 +84,7 @@ def train(config, *, stop_after=None):
   eval_key = jax.random.key(c.run.seed + 7)
 
   state = _fresh_state(setup)
+  compile_update(setup, state)
   restored = ckpt.restore_latest(state)
   moments = RunningMoments.create()
   if restored is not None:

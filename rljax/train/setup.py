@@ -35,7 +35,8 @@ class Setup:
   adv_spec: advantages.AdvantageSpec
   actor_tx: object
   critic_tx: object
-  update_step: object
+  num_micro: int
+  update_step: object         # set by `compile_update` once the state is placed
   initial_actor: object       # nnx.State
   initial_critic: object      # nnx.State or None
 
@@ -43,8 +44,9 @@ class Setup:
 def build_task(config):
   t = config.task
   hi = t.difficulty_max or t.difficulty
+  options = {"digits": t.digits} if t.name == "arithmetic" else {}
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
-                   format_weight=t.format_weight)
+                   format_weight=t.format_weight, **options)
 
 
 def task_rewards(task, config):
@@ -97,7 +99,8 @@ def build(config) -> Setup:
         f"prompt bucket {prompt_len} + sampling.max_new_tokens={config.sampling.max_new_tokens} "
         f"exceeds model.max_position_embeddings={config.model.max_position_embeddings}")
   p = config.parallel
-  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor)
+  devices = jax.devices()[:p.num_devices] if p.num_devices else None
+  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)
   parallel.shard_model(actor, mesh)
   if critic is not None:
     parallel.shard_model(critic, mesh)
@@ -113,28 +116,34 @@ def build(config) -> Setup:
   spec = objective.loss_spec(config)
   actor_tx = optimizer(config, config.optim.actor_lr)
   critic_tx = optimizer(config, config.optim.critic_lr)
-  batch = s.prompts_per_iteration * s.n
-  num_micro = config.algo.microbatches
-  del batch
-  step = update.build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx,
-                                  num_micro)
   return Setup(config=config, tokenizer=tokenizer, task=task, model_cfg=model_cfg,
                actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef, mesh=mesh, ctx=ctx,
                loss_spec=spec, adv_spec=advantages.advantage_spec(config), actor_tx=actor_tx,
-               critic_tx=critic_tx, update_step=step, initial_actor=actor_state,
+               critic_tx=critic_tx, num_micro=config.algo.microbatches, update_step=None,
+               initial_actor=actor_state,
                initial_critic=critic_state)
 
 
+def compile_update(setup: Setup, state) -> None:
+  """Builds the update step with the shardings of the placed `state` as its output shardings."""
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  setup.update_step = update.build_update_step(
+      setup.loss_spec, setup.actor_graphdef, setup.critic_graphdef, setup.actor_tx,
+      setup.critic_tx, setup.num_micro, state_shardings=shardings, mesh=setup.mesh)
+
+
 def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.TrainState:
-  """A fresh TrainState around (possibly SFT-initialised) actor parameters."""
+  """A fresh TrainState around (possibly SFT-initialised) actor parameters, placed on the mesh."""
   c = setup.config
   critic = setup.initial_critic
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
-  return update.TrainState(
+  init_opt = update.init_optimizer_state
+  state = update.TrainState(
       step=jnp.zeros((), jnp.int32), iteration=jnp.zeros((), jnp.int32),
-      actor=actor_params, actor_opt=setup.actor_tx.init(actor_params),
-      critic=critic, critic_opt=setup.critic_tx.init(critic) if critic is not None else None,
+      actor=actor_params, actor_opt=init_opt(setup.actor_tx, actor_params),
+      critic=critic, critic_opt=init_opt(setup.critic_tx, critic) if critic is not None else None,
       ref=copy(actor_params) if with_reference else None,
       kl_coef=jnp.asarray(c.algo.kl_coef, jnp.float32),
       rng=jax.random.key_data(jax.random.key(c.run.seed)),
       skipped_updates=jnp.zeros((), jnp.int32), nonfinite_in_row=jnp.zeros((), jnp.int32))
+  return update.place_state(state, setup.mesh)

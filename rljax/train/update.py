@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.train import objective
 
@@ -62,8 +63,32 @@ def _apply(tx, grads, opt_state, params, enabled):
   return keep(new_params, params), keep(new_opt, opt_state)
 
 
-def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro):
-  """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`."""
+def place_state(state, mesh):
+  """Commits every leaf to `mesh`: sharded parameters keep their NamedSharding, the rest
+  (optimizer scalars, step counters, keys) is replicated. Committed inputs with fixed
+  shardings are what keeps jit from recompiling after the first iteration."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def put(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+      return x
+    return jax.device_put(x, replicated)
+  return jax.tree.map(put, state)
+
+
+def init_optimizer_state(tx, params):
+  """`tx.init` under jit, so moment buffers inherit the parameters' shardings."""
+  return jax.jit(tx.init)(params)
+
+
+def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro,
+                      *, state_shardings=None, mesh=None):
+  """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`.
+
+  With `state_shardings` (the shardings of a placed TrainState), the new state keeps
+  exactly those shardings, so the second call hits the compilation cache.
+  """
 
   def micro(params, minibatch, denom):
     actor_params, critic_params = params
@@ -73,7 +98,11 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   grad_fn = jax.value_and_grad(micro, has_aux=True)
 
-  @functools.partial(jax.jit, donate_argnums=(0,))
+  out_shardings = None
+  if state_shardings is not None:
+    out_shardings = (state_shardings, NamedSharding(mesh, PartitionSpec()))
+
+  @functools.partial(jax.jit, donate_argnums=(0,), out_shardings=out_shardings)
   def update_step(state: TrainState, minibatch, train_actor):
     denom = objective.denominators(spec, minibatch["mask"])
     if "ptx" in minibatch:

@@ -165,7 +165,11 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
   _check_choices(errors, config)
   _check_ranges(errors, config)
   _check_combinations(errors, config)
-  _check_mesh(errors, config, jax.device_count() if num_devices is None else num_devices)
+  available = jax.device_count() if num_devices is None else num_devices
+  requested = config.parallel.num_devices
+  if requested < 0 or requested > available:
+    errors.append(f"parallel.num_devices={requested} must be in [0, {available}] (0: all devices)")
+  _check_mesh(errors, config, requested or available)
   limit = max_positions or config.model.max_position_embeddings
   if config.sampling.max_new_tokens >= limit:
     errors.append(f"sampling.max_new_tokens={config.sampling.max_new_tokens} leaves no room for "
