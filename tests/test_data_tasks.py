@@ -5,12 +5,13 @@ import pytest
 from rljax.data import TASKS, CharTokenizer, Prompt, make_task, parse_answer_tag
 from rljax.data import countdown as cd
 
-CASES = [("arithmetic", (1, 3)), ("arithmetic", 2), ("countdown", (2, 3)), ("countdown", 4)]
+CASES = [("arithmetic", (1, 3), {}), ("arithmetic", 2, {"digits": 2}), ("countdown", (2, 3), {}),
+         ("countdown", 4, {})]
 
 
-@pytest.mark.parametrize("name,difficulty", CASES)
-def test_demonstrations_score_full_and_fit_budgets(name, difficulty):
-  task = make_task(name, difficulty=difficulty, seed=0, n_train=600, n_heldout=100)
+@pytest.mark.parametrize("name,difficulty,options", CASES)
+def test_demonstrations_score_full_and_fit_budgets(name, difficulty, options):
+  task = make_task(name, difficulty=difficulty, seed=0, n_train=600, n_heldout=100, **options)
   tok = CharTokenizer()
   prompts = task.train_prompts() + task.heldout_prompts()
   assert len(task.train_prompts()) == 600 and len(task.heldout_prompts()) == 100
@@ -46,7 +47,9 @@ def test_default_difficulty_sizes():
   """Sizes promised to the trainer at the recommended defaults."""
   a = make_task("arithmetic", difficulty=(1, 3), seed=0)
   c = make_task("countdown", difficulty=(2, 3), seed=0)
-  assert (a.max_prompt_len, a.max_completion_len) == (14, 45)
+  assert (a.max_prompt_len, a.max_completion_len) == (10, 35)
+  a2 = make_task("arithmetic", difficulty=(1, 3), seed=0, digits=2)
+  assert (a2.max_prompt_len, a2.max_completion_len) == (14, 45)
   assert (c.max_prompt_len, c.max_completion_len) == (15, 39)
   assert CharTokenizer().vocab_size == 90
 

@@ -5,7 +5,8 @@ and SFT demonstrations:
 
 - `"arithmetic"`: a chain of additions/subtractions solved with a scratchpad of one line
   per step, so completion length grows with difficulty (length tricks become visible).
-  Prompt `Q:23+45-17\\n`, demonstration `23+45=68\\n68-17=51\\n<answer>51</answer>`.
+  Prompt `Q:3+5-7\\n`, demonstration `3+5=8\\n8-7=1\\n<answer>1</answer>`; operands have
+  `digits` digits (default 1; 2 is much harder: see the calibration note below).
 - `"countdown"`: reach a target from given numbers with + - * and parentheses, each
   number used exactly once (TinyZero's rule); many answers are correct.
   Prompt `N:3 5 7 T:56\\n`, demonstration `5+3=8\\n8*7=56\\n<answer>(5+3)*7</answer>`.
@@ -17,6 +18,11 @@ prompts from `seed`.
 
 Lengths are counted in `CharTokenizer` tokens (one per character; `<answer>` and
 `</answer>` are one token each) and exclude bos/eos.
+
+Calibration (measured with a standalone pure-JAX script, not in the repo): a 0.82M-parameter
+4-layer char transformer, SFT with AdamW (peak lr 3e-3, batch 64) on demonstrations,
+greedy held-out accuracy on arithmetic difficulty (1, 3), digits=1: 12% after 150 steps,
+45% after 300, 82% after 500; with digits=2: 1% after 400 steps.
 
 The format of "think, then answer in a tag" follows DeepSeek-R1 (arXiv:2501.12948, Sec.
 2.2.2: accuracy reward plus format reward); the countdown task follows TinyZero.
@@ -162,7 +168,7 @@ class TaskSpec:
 
 
 # ---------------------------------------------------------------- arithmetic
-def _arith_generate(rng, d, *, digits=2, ops="+-"):
+def _arith_generate(rng, d, *, digits=1, ops="+-"):
   if not ops or set(ops) - set("+-"):
     raise ValueError(f"arithmetic: ops must be a non-empty subset of '+-', got {ops!r}")
   terms = [rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits - 1)
@@ -198,11 +204,11 @@ def _arith_max_value_len(d, digits, ops):
   return len(str((d + 1) * (10 ** digits - 1))) + ("-" in ops)
 
 
-def _arith_prompt_len(d, *, digits=2, ops="+-"):
+def _arith_prompt_len(d, *, digits=1, ops="+-"):
   return 2 + (d + 1) * digits + d + 1
 
 
-def _arith_completion_len(d, *, digits=2, ops="+-"):
+def _arith_completion_len(d, *, digits=1, ops="+-"):
   v = _arith_max_value_len(d, digits, ops)
   step = v + 1 + digits + 1 + v + 1  # "acc op x = new \n"
   return d * step + 2 + v  # steps + "<answer>" v "</answer>" (tags are one token each)
@@ -228,7 +234,7 @@ def make_task(name: str, *, difficulty, seed: int, **kwargs) -> Task:
       arithmetic: d + 1 terms; countdown: d + 1 numbers.
     seed: seed of the training prompts (held-out prompts use `heldout_seed`).
     **kwargs: `n_train`, `n_heldout`, `heldout_seed`, `heldout_fraction`,
-      `accuracy_weight`, `format_weight`, and task options (arithmetic: `digits=2`,
+      `accuracy_weight`, `format_weight`, and task options (arithmetic: `digits=1`,
       `ops="+-"`; countdown: `max_number=9`, `max_target=99`).
   Returns:
     a `Task`.
