@@ -91,6 +91,8 @@ def clean(s: str) -> str:
   s = unicodedata.normalize("NFKC", s).replace("\u2212", "-")
   s = s.replace("圆周率", "\\pi ").replace("π", "\\pi ")
   s = re.sub(r"(?<![A-Za-z\\])pi(?![A-Za-z])", r"\\pi ", s)
+  s = re.sub(r"\\([dt]?frac)\s*(\d)\s*(\d)", r"\\\1{\2}{\3}", s)  # \frac12 -> \frac{1}{2}
+  s = re.sub(r"\\([dt]?frac)\s*(\{[^{}]*\})\s*(\d)", r"\\\1\2{\3}", s)
   s = re.sub(r"\\(?:text|mathrm|textbf|mbox|operatorname)\s*\{([^{}]*)\}", r" \1 ", s)
   s = re.sub(r"或者|或|和|以及|及|、|;|\s+or\s+|\s+and\s+", ",", s)
   s = _CJK.sub(" ", s)
