@@ -1,5 +1,8 @@
 """Synthetic tasks: demonstrations verify, splits disjoint, determinism, length budgets."""
 
+import copy
+import pickle
+
 import pytest
 
 from rljax.data import TASKS, CharTokenizer, Prompt, make_task, parse_answer_tag
@@ -69,6 +72,9 @@ def test_arithmetic_golden_and_score_rules():
   assert task.score(p, "<answer>52</answer><answer>51</answer>").accuracy == 0.0
   assert task.score(p, "51").total == 0.0 and task.score(p, "<answer>51").total == 0.0
   assert task.score(p, "<answer>5.1e1</answer>").accuracy == 0.0
+  r = task.score(p, "<answer>51</answer>")
+  assert copy.deepcopy(r) == r and pickle.loads(pickle.dumps(r)).accuracy == 1.0
+  assert not hasattr(r, "missing")
   w = make_task("arithmetic", difficulty=2, seed=0, accuracy_weight=2.0, format_weight=0.0)
   assert w.score(p, "<answer>51</answer>").total == 2.0
 

@@ -56,7 +56,11 @@ class RewardBreakdown(dict):
 
   A dict (so extra components can be logged) with attribute access.
   """
-  __getattr__ = dict.__getitem__
+  def __getattr__(self, name):
+    try:
+      return self[name]
+    except KeyError:
+      raise AttributeError(name) from None
 
 
 def parse_answer_tag(completion: str) -> tuple[str | None, bool]:
