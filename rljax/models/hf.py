@@ -292,11 +292,20 @@ def _export_config(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(attention_bias=full_bias, attention_out_bias=cfg.arch != "qwen2" and full_bias)
 
 
+def _to_numpy(x) -> np.ndarray:
+  """Host copy of a parameter, gathering it first if it spans several processes."""
+  if getattr(x, "is_fully_addressable", True):
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def _write(model, specs, shapes_model, cfg, hf_cfg, path) -> None:
   tensors = {}
   for spec in specs:
     try:
-      value = np.asarray(spec.get(model)[...])
+      value = _to_numpy(spec.get(model)[...])
     except AttributeError:  # a bias this model does not have
       value = np.zeros(spec.get(shapes_model).shape, cfg.weight_dtype)
     tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value))
