@@ -11,6 +11,7 @@ from rljax.models import Decoder, ModelConfig
 from rljax.models.logprobs import token_logprobs
 from rljax.parallel import (
     LOGICAL_AXIS_RULES,
+    assert_sharded,
     batch_sharding,
     initialize_distributed,
     logical_to_mesh_spec,
@@ -90,6 +91,8 @@ def test_sharded_forward_and_grad_equal_unsharded():
 def test_replicated_fraction():
   model = Decoder(CFG.replace(num_kv_heads=1), rngs=nnx.Rngs(2))
   assert replicated_fraction(model) == 1.0  # on one device everything is replicated
+  with pytest.raises(ValueError, match="100.0% of parameter bytes.*embed"):
+    assert_sharded(model)
   flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
   total = sum(v.nbytes for _, v in flat)
   # fully replicated: norm scales by design, and the k/v biases [K=1, Dh] whose only
@@ -100,6 +103,7 @@ def test_replicated_fraction():
   report = sharding_report(model)
   assert report["replicated_fraction"] == pytest.approx(expected / total)
   assert 0 < report["replicated_fraction"] < 0.1
+  assert assert_sharded(model) == report["replicated_fraction"]
   assert report["max_device_bytes"] < total / 4  # real memory saving per device
 
 

@@ -10,6 +10,7 @@ from rljax.parallel.mesh import (
 )
 from rljax.parallel.sharding import (
     LOGICAL_AXIS_RULES,
+    assert_sharded,
     logical_to_mesh_spec,
     replicated_fraction,
     shard_model,
@@ -19,7 +20,7 @@ from rljax.parallel.sharding import (
 )
 
 __all__ = [
-    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "batch_sharding", "initialize_distributed",
+    "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "assert_sharded", "batch_sharding", "initialize_distributed",
     "logical_to_mesh_spec", "make_mesh", "replicated_fraction", "replicated_sharding",
     "shard_model", "sharding_report", "state_shardings", "variable_sharding",
 ]

@@ -111,3 +111,22 @@ def replicated_fraction(model: nnx.Module) -> float:
   large matrices (norm scales and biases are replicated by design).
   """
   return sharding_report(model)["replicated_fraction"]
+
+
+def assert_sharded(model: nnx.Module, *, max_replicated_fraction: float = 0.1) -> float:
+  """Start-up check: fails if more than `max_replicated_fraction` of parameter bytes are
+  fully replicated (e.g. a model never passed through `shard_model` on a multi-device mesh).
+
+  Returns:
+    the replicated fraction.
+  Raises:
+    ValueError: naming the largest replicated parameters.
+  """
+  fraction = replicated_fraction(model)
+  if fraction > max_replicated_fraction:
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    repl = sorted(((v.nbytes, "/".join(map(str, p))) for p, v in flat
+                   if v[...].sharding.is_fully_replicated), reverse=True)[:5]
+    raise ValueError(f"{fraction:.1%} of parameter bytes are replicated (limit "
+                     f"{max_replicated_fraction:.1%}); largest: {[n for _, n in repl]}")
+  return fraction
