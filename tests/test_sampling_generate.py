@@ -9,7 +9,7 @@ from scipy import stats
 
 from rljax.models import Decoder, ModelConfig
 from rljax.parallel import make_mesh, replicated_fraction, shard_model
-from rljax.sampling import SamplingParams, compile_count, generate, truncated_log_softmax
+from rljax.sampling import SamplingParams, compile_count, generate, sampler, truncated_log_softmax
 
 CFG = ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
@@ -100,6 +100,18 @@ def test_same_key_same_tokens_independent_of_buckets(model, rollout):
       rollout.tokens)
   # the two completions of a prompt are different draws
   assert not np.array_equal(np.asarray(rollout.tokens)[0], np.asarray(rollout.tokens)[1])
+
+
+def test_predrawn_and_per_step_noise_give_the_same_tokens(model, rollout, monkeypatch):
+  """Small programs pre-draw all Gumbel noise; large ones draw per step: same values.
+
+  Also: the noise of step t does not depend on T, so a longer run extends the shorter one.
+  """
+  monkeypatch.setattr(sampler, "PREDRAW_MAX_ELEMENTS", 0)
+  tokens, mask = _prompts([3, 7, 1, 5], width=7)
+  longer = generate(model, tokens, mask, sampling=SAMPLING.replace(max_new_tokens=13),
+                    rng=jax.random.key(0), pad_id=PAD)
+  np.testing.assert_array_equal(np.asarray(longer.tokens)[:, :12], rollout.tokens)
 
 
 def test_no_recompile_for_new_params_and_prompts_in_the_same_bucket(model):

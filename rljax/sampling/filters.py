@@ -155,8 +155,9 @@ def fast_argmax(x_bv: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x_bv == top_b1, iota_v, v), axis=-1).astype(jnp.int32)
 
 
-def sample_tokens(logits_bv: jax.Array, key: jax.Array, *, temperature=1.0,
-                  greedy: bool = False, top_k: int = 0, top_p=None, min_p=None):
+def sample_tokens(logits_bv: jax.Array, key: jax.Array | None, *, temperature=1.0,
+                  greedy: bool = False, top_k: int = 0, top_p=None, min_p=None,
+                  gumbel_bv: jax.Array | None = None):
   """Draws one token per row and returns its log-probs under the sampled and full distributions.
 
   Gumbel-max sampling, argmax_v(z̃_v + g_v) with g ~ Gumbel(0, 1) i.i.d. (Maddison et al.
@@ -167,11 +168,14 @@ def sample_tokens(logits_bv: jax.Array, key: jax.Array, *, temperature=1.0,
 
   Args:
     logits_bv: raw logits, [B, V].
-    key: one PRNG key for the whole batch (e.g. `fold_in(rng, step)`).
+    key: one PRNG key for the whole batch (e.g. `fold_in(rng, step)`); unused when
+      `gumbel_bv` is given.
     temperature: τ > 0 (traced or Python scalar).
     greedy: static; argmax decoding. The sampled-from distribution is then a point mass,
       so `logp` is 0.
     top_k, top_p, min_p: static enable / values as in `filter_logits`.
+    gumbel_bv: optional pre-drawn noise, float32 [B, V], equal to
+      `jax.random.gumbel(key, (B, V))`.
   Returns:
     tokens_b int32 [B]; logp_b float32 [B] (log-prob under the truncated, renormalised
     distribution); logp_full_b float32 [B] (log-prob under softmax(z / τ), untruncated).
@@ -186,7 +190,8 @@ def sample_tokens(logits_bv: jax.Array, key: jax.Array, *, temperature=1.0,
     return tokens_b, jnp.zeros_like(logp_full_b), logp_full_b
   truncating = (0 < top_k < logits_bv.shape[-1]) or top_p is not None or min_p is not None
   filtered_bv = filter_logits(scaled_bv, top_k=top_k, top_p=top_p, min_p=min_p)
-  gumbel_bv = jax.random.gumbel(key, filtered_bv.shape, jnp.float32)
+  if gumbel_bv is None:
+    gumbel_bv = jax.random.gumbel(key, filtered_bv.shape, jnp.float32)
   tokens_b = fast_argmax(filtered_bv + gumbel_bv)
   logp_full_b = chosen(logp_full_bv, tokens_b)
   if not truncating:
