@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.models import Decoder, ModelConfig
+from rljax.models import Decoder
 from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
+from rljax.models.testing import tiny_config
 
-CFG = ModelConfig(vocab_size=31, hidden_size=32, intermediate_size=48, num_layers=1,
-                  num_heads=2, num_kv_heads=1, head_dim=16, arch="qwen2")
+CFG = tiny_config(num_layers=1)
 
 
 def test_scalar_head_golden():
