@@ -9,6 +9,7 @@ from rljax.data import (
   filter_groups_bg,
   group_keep_mask,
   load_jsonl_prompts,
+  prompts_from_records,
 )
 
 
@@ -65,7 +66,7 @@ def test_buffer_gives_up_after_max_rounds_and_no_limit_when_nonpositive():
 def test_jsonl_source_and_errors(tmp_path):
   good = tmp_path / "p.jsonl"
   good.write_text('{"prompt": "1+1=", "answer": 2, "level": 3}\n\n{"prompt": "x", "answer": "y"}\n')
-  with pytest.raises(ValueError, match="line has"):
+  with pytest.raises(ValueError, match=r"p.jsonl:3: missing field\(s\) \[.level.\]"):
     load_jsonl_prompts(str(good), difficulty_field="level")  # line 3 lacks "level"
   ps = load_jsonl_prompts(str(good))
   assert [(p.text, p.answer, p.difficulty) for p in ps] == [("1+1=", "2", 1), ("x", "y", 1)]
@@ -78,9 +79,25 @@ def test_jsonl_source_and_errors(tmp_path):
   bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "a", "answer": }\n')
   with pytest.raises(ValueError, match=r"b.jsonl:2: malformed JSON"):
     load_jsonl_prompts(str(bad))
+  bad.write_text('{"prompt": "a", "answer": "b"}\n[1, 2]\n')
+  with pytest.raises(ValueError, match=r"b.jsonl:2: expected a JSON object"):
+    load_jsonl_prompts(str(bad))
   missing = tmp_path / "m.jsonl"
   missing.write_text('{"question": "a", "answer": "b"}\n')
   with pytest.raises(ValueError, match=r"m.jsonl:1: missing field\(s\) \['prompt'\]"):
     load_jsonl_prompts(str(missing))
   with pytest.raises(FileNotFoundError):
     load_jsonl_prompts(str(tmp_path / "none.jsonl"))
+
+
+def test_records_source_decodes_bytes_and_names_the_row():
+  rows = [{"q": b"1+1=", "a": b"2", "id": b"x"}, {"q": "2+2=", "a": 4, "id": "y"}]
+  ps = prompts_from_records(rows, source="tfds", text_field="q", answer_field="a", id_field="id")
+  assert [(p.id, p.text, p.answer) for p in ps] == [("x", "1+1=", "2"), ("y", "2+2=", "4")]
+  tpl = prompts_from_records(rows[:1], text_field="q", answer_field="a",
+                             template=lambda t: f"user: {t}\nassistant:")
+  assert tpl[0].text == "user: 1+1=\nassistant:" and tpl[0].id.startswith("records:0-")
+  with pytest.raises(ValueError, match=r"hf:1: missing field\(s\) \['q'\]"):
+    prompts_from_records([rows[0], {"a": 1}], source="hf", text_field="q", answer_field="a")
+  with pytest.raises(ValueError, match="no rows"):
+    prompts_from_records([])

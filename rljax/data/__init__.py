@@ -8,7 +8,7 @@ from rljax.data.buffer import (
   filter_groups_bg,
   group_keep_mask,
 )
-from rljax.data.jsonl import load_jsonl_prompts
+from rljax.data.jsonl import load_jsonl_prompts, prompts_from_records, row_to_prompt
 from rljax.data.samplers import (
   SAMPLERS,
   CurriculumSampler,
@@ -32,7 +32,8 @@ __all__ = [
   "AuditRow", "audit", "audit_prompt", "format_report",
   "SAMPLERS", "CurriculumSampler", "DynamicSamplingBuffer", "DynamicSamplingError",
   "PrioritizedSampler", "UniformSampler", "curriculum_level_probs", "filter_groups_bg",
-  "group_keep_mask", "load_jsonl_prompts", "make_sampler",
+  "group_keep_mask", "load_jsonl_prompts", "make_sampler", "prompts_from_records",
+  "row_to_prompt",
   "RECOMMENDED_DIFFICULTY", "TASKS", "CharTokenizer", "HFTokenizer", "Prompt",
   "RewardBreakdown", "Task", "bucket_length", "check_vocab", "left_pad", "make_task",
   "parse_answer_tag",
