@@ -101,3 +101,15 @@ def test_records_source_decodes_bytes_and_names_the_row():
     prompts_from_records([rows[0], {"a": 1}], source="hf", text_field="q", answer_field="a")
   with pytest.raises(ValueError, match="no rows"):
     prompts_from_records([])
+
+
+def test_best_of_k_rejection_sampling():
+  from rljax.data.rejection import best_of_k, rejection_sft_pairs
+
+  scores = [0.0, 1.0, 1.0, 0.2, 0.1, 0.0, 0.5]
+  gid = [7, 7, 7, 3, 3, 3, 9]
+  np.testing.assert_array_equal(best_of_k(scores, gid), [1, 3, 6])  # first max on ties
+  np.testing.assert_array_equal(best_of_k(scores, gid, min_score=0.5), [1, 6])
+  pairs = rejection_sft_pairs(list("abcdefg"), [f"c{i}" for i in range(7)], scores, gid,
+                              min_score=1.0)
+  assert pairs == [("b", "c1")]

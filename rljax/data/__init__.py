@@ -9,6 +9,7 @@ from rljax.data.buffer import (
   group_keep_mask,
 )
 from rljax.data.jsonl import load_jsonl_prompts, prompts_from_records, row_to_prompt
+from rljax.data.rejection import best_of_k, rejection_sft_pairs
 from rljax.data.samplers import (
   SAMPLERS,
   CurriculumSampler,
@@ -33,7 +34,7 @@ __all__ = [
   "SAMPLERS", "CurriculumSampler", "DynamicSamplingBuffer", "DynamicSamplingError",
   "PrioritizedSampler", "UniformSampler", "curriculum_level_probs", "filter_groups_bg",
   "group_keep_mask", "load_jsonl_prompts", "make_sampler", "prompts_from_records",
-  "row_to_prompt",
+  "row_to_prompt", "best_of_k", "rejection_sft_pairs",
   "RECOMMENDED_DIFFICULTY", "TASKS", "CharTokenizer", "HFTokenizer", "Prompt",
   "RewardBreakdown", "Task", "bucket_length", "check_vocab", "left_pad", "make_task",
   "parse_answer_tag",
