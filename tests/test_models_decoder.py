@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rljax.models import Decoder, ModelConfig
+from rljax.models import Decoder, ModelConfig, positions_from_mask
 from rljax.models.testing import perturb_params
 
 CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -71,6 +71,12 @@ def test_padding_does_not_change_real_positions_and_padded_rows_are_finite():
   np.testing.assert_array_equal(np.asarray(default), np.asarray(out))  # positions default
   assert np.all(np.isfinite(np.asarray(out)))  # fully masked query rows (padding) stay finite
   np.testing.assert_allclose(np.asarray(out[:, 3:]), np.asarray(ref), atol=1e-5)
+
+
+def test_positions_from_mask_golden():
+  mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+  np.testing.assert_array_equal(positions_from_mask(mask),
+                                [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2], [0, 1, 2, 3, 4]])
 
 
 def test_remat_gives_same_values_and_gradients():

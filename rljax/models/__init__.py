@@ -1,7 +1,7 @@
 """Decoder-only transformers (Llama / Qwen2 / Qwen3) in Flax NNX, heads, HF weights in and out."""
 
 from rljax.models.config import ModelConfig, RopeScaling
-from rljax.models.decoder import Decoder, KVCache
+from rljax.models.decoder import Decoder, KVCache, positions_from_mask
 from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
 from rljax.models.hf import (
     config_from_hf,
@@ -21,6 +21,7 @@ from rljax.models.logprobs import (
 __all__ = [
     "Decoder", "KVCache", "ModelConfig", "RewardModel", "RopeScaling", "ScalarHead",
     "ValueModel", "config_from_hf", "config_to_hf", "last_token_index", "load_hf",
-    "load_hf_reward", "logprobs_and_entropy_from_hidden", "logprobs_from_hidden", "save_hf",
+    "load_hf_reward", "logprobs_and_entropy_from_hidden", "logprobs_from_hidden",
+    "positions_from_mask", "save_hf",
     "save_hf_reward", "token_logprobs", "token_logprobs_and_entropy",
 ]

@@ -32,6 +32,21 @@ class KVCache(NamedTuple):
     return self.k[0].shape[2]
 
 
+def positions_from_mask(attention_mask_bs):
+  """RoPE positions for a (left- or right-) padded batch: cumsum(mask) - 1, clipped at 0.
+
+  Real tokens get 0, 1, 2, ... whatever the padding; padding slots get the position of
+  the nearest real token before them (0 for left padding). This is the convention of
+  `transformers` generate and the default of `Decoder.__call__`.
+
+  Args:
+    attention_mask_bs: [B,S], 1 = real token.
+  Returns:
+    int32 [B,S].
+  """
+  return jnp.maximum(jnp.cumsum(attention_mask_bs > 0, axis=1, dtype=jnp.int32) - 1, 0)
+
+
 def _layer_call(layer, x, cos, sin, mask):
   return layer(x, cos, sin, mask)
 
@@ -83,7 +98,7 @@ class Decoder(nnx.Module):
     if attention_mask is None:
       attention_mask = jnp.ones(tokens_bs.shape, jnp.int32)
     if positions is None:
-      positions = jnp.maximum(jnp.cumsum(attention_mask > 0, axis=1) - 1, 0)
+      positions = positions_from_mask(attention_mask)
     chex.assert_equal_shape([tokens_bs, positions, attention_mask])
     s = tokens_bs.shape[1]
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
