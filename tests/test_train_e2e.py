@@ -25,7 +25,7 @@ MICRO = {
 EXPERIMENT_SPECS = [
     "grpo", "dr_grpo", "gspo", "gspo:token", "cispo", "cispo:absolute_cap", "rloo", "remax",
     "reinforce_pp", "reinforce_pp:baseline", "ppo", "ppo:ptx", "psr_nsr", "entropy:bonus",
-    "entropy:high_entropy_mask", "entropy:clip_cov", "entropy:kl_cov", "dapo",
+    "entropy:high_entropy_mask", "entropy:clip_cov", "entropy:kl_cov", "dapo:token_level_loss",
 ]
 
 
@@ -56,6 +56,33 @@ def test_experiment_runs_two_iterations(spec, tmp_path):
   if config.algo.kl_placement != "none":
     assert "kl/to_ref" in records[-1]
   assert 0.0 <= result["heldout_acc_after"] <= 1.0
+
+
+def test_dapo_dynamic_sampling_refills_groups(tmp_path, monkeypatch):
+  """The full DAPO step with a reward whose accuracy varies within groups: every kept group
+  has non-zero accuracy variance, so no update sees a zero-advantage group."""
+  from rljax.data import tasks
+
+  def coin_score(self, prompt, completion):
+    acc = float(hash((prompt.id, completion)) % 3 == 0)
+    return tasks.RewardBreakdown(total=acc, accuracy=acc, format=0.0)
+
+  monkeypatch.setattr(tasks.Task, "score", coin_score)
+  config = micro_config("dapo", tmp_path, **{"algo.dynamic_sampling_max_rounds": 20})
+  train(config)
+  for r in read_records(tmp_path / "dapo"):
+    assert r["train/generation_rounds"] >= 1
+    assert r["train/zero_variance_group_frac"] >= 0
+    assert 0 < r["train/accuracy"] < 1
+
+
+def test_dynamic_sampling_gives_up_with_a_clear_error(tmp_path):
+  """An untrained micro model never solves a task: every group has zero variance."""
+  from rljax.data.buffer import DynamicSamplingError
+
+  config = micro_config("dapo", tmp_path, **{"algo.dynamic_sampling_max_rounds": 2})
+  with pytest.raises(DynamicSamplingError, match="algo.dynamic_sampling_max_rounds"):
+    train(config)
 
 
 def test_no_recompilation_after_first_iteration(tmp_path):

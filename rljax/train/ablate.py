@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+from rljax import analysis
+from rljax.analysis.runs import load_batch
 from rljax.train import metrics
 from rljax.train.config import _import_module, load_config, parse_override_value
 
@@ -90,19 +92,23 @@ def run_ablation(experiment, *, out_dir=None, overrides=()):
   out = pathlib.Path(out_dir or f"runs/ablate_{path.stem}")
   out.mkdir(parents=True, exist_ok=True)
   extra = _parse_sets(overrides)
-  rows, run_dirs = {}, {}
+  rows, run_dirs, variants = {}, {}, {}
   for step in steps:
     config = load_config(f"{experiment}:{step}", {**extra, "run.dir": str(out / step)})
+    variants[step] = analysis.variant_from_config(config, name=step)
     result = train(config)
     run_dirs[step] = config.run.dir
     rows[step] = summarize(result, metrics.read_metrics(config.run.dir))
     (out / "results.json").write_text(json.dumps(rows, indent=2))
   overlay_plot(run_dirs, out / "curves.png")
+  impact = analysis.impact_section(variants, out, batch=load_batch(run_dirs[steps[0]]))
   report = out / "report.md"
   report.write_text(
       f"# Ablation: {path.name}\n\nSame seeds for every step. Overrides: {extra or 'none'}.\n\n"
       + markdown_table(rows) + "\n\n![curves](curves.png)\n\n"
-      + "Per-run curves: " + ", ".join(f"[{s}]({s}/curves.png)" for s in steps) + "\n")
+      + "Per-run curves: " + ", ".join(f"[{s}]({s}/curves.png)" for s in steps) + "\n\n"
+      + impact + "\n\nOpen `notebooks/analysis.ipynb` with `RLJAX_RUNS=" + str(out)
+      + "` for token statistics and pass@k curves of every step.\n")
   return report
 
 

@@ -9,13 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.analysis import token_statistics
 from rljax.ops import kl as kl_ops
 from rljax.ops import masks, mismatch, shaping
 from rljax.ops.stats import masked_mean
 from rljax.parallel import batch_sharding
 from rljax.train import objective, rollout
 from rljax.train.advantages import compute_advantages
+from rljax.train.sft import demonstration_batch
 
+SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
 UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
                "advantages", "returns", "old_values", "token_weights", "is_weights", "rng")
 
@@ -94,16 +97,17 @@ def prepare(setup, fns, state, rows, keys, moments):
   c = setup.config
   a = c.algo
   rows_sharding = batch_sharding(setup.mesh)
-  batch = {k: jax.device_put(rows[k], rows_sharding)
-           for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
-  old_logp, entropy = fns.policy_stats(state.actor, batch)
+  batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
+  sequences = dict(batch)   # the four arrays every forward pass takes (one jit signature)
+  old_logp, entropy = fns.policy_stats(state.actor, sequences)
   sampler_logp = jnp.asarray(rows["sampler_logp"])
   mask = batch["mask"].astype(jnp.float32)
   if a.old_logp_source == "sampler":
     old_logp = sampler_logp
   batch["old_logp"] = old_logp
-  batch["ref_logp"] = fns.policy_stats(state.ref, batch)[0] if state.ref is not None else old_logp
-  batch["values"] = (fns.values(state.critic, batch) if state.critic is not None
+  batch["ref_logp"] = (fns.policy_stats(state.ref, sequences)[0] if state.ref is not None
+                       else old_logp)
+  batch["values"] = (fns.values(state.critic, sequences) if state.critic is not None
                      else jnp.zeros_like(old_logp))
   scores, moments = shape_scores(c, rows, moments)
   batch["scores"], batch["valid"] = scores, jnp.ones(scores.shape, jnp.float32)
@@ -122,6 +126,7 @@ def prepare(setup, fns, state, rows, keys, moments):
     loss_mask = masks.overlong_filter_mask(loss_mask, jnp.asarray(rows["truncated"]))
   b = mask.shape[0]
   upd = dict(prompt_tokens=batch["prompt_tokens"], prompt_mask=batch["prompt_mask"],
+             scores=scores, truncated=jnp.asarray(rows["truncated"]), entropy=entropy,
              tokens=batch["tokens"], mask=loss_mask, old_logp=old_logp,
              ref_logp=batch["ref_logp"], advantages=adv, returns=returns,
              old_values=batch["values"], token_weights=weights,
@@ -144,6 +149,7 @@ def prepare(setup, fns, state, rows, keys, moments):
       "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
       "kl/coef": float(state.kl_coef),
   }
+  metrics.update(token_statistics(old_logp, entropy, adv, loss_mask))
   if state.ref is not None:
     kl_ref = kl_ops.kl_estimate(old_logp, batch["ref_logp"], "k3")
     metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
@@ -154,7 +160,15 @@ def prepare(setup, fns, state, rows, keys, moments):
   return upd, metrics, moments
 
 
-def run_updates(setup, state, upd, keys, *, train_actor):
+def ptx_batch(setup, size, *, seed):
+  """Demonstrations mixed into the RL loss (InstructGPT's PPO-ptx), drawn reproducibly."""
+  prompts = setup.task.train_prompts()
+  rng = np.random.default_rng([setup.config.run.seed, 7, *seed])
+  chosen = [prompts[i] for i in rng.integers(0, len(prompts), size)]
+  return demonstration_batch(setup.ctx, chosen, setup.config.sampling.max_new_tokens)
+
+
+def run_updates(setup, state, upd, keys, *, train_actor, iteration):
   """`epochs × minibatches` update steps over a shuffled batch; returns (state, mean metrics)."""
   a = setup.config.algo
   b = upd["mask"].shape[0]
@@ -166,6 +180,8 @@ def run_updates(setup, state, upd, keys, *, train_actor):
       index = perm[m * per_mb:(m + 1) * per_mb]
       minibatch = {k: upd[k][index] for k in UPDATE_KEYS}
       minibatch["kl_coef"] = state.kl_coef
+      if a.ptx_coef:
+        minibatch["ptx"] = ptx_batch(setup, per_mb, seed=(iteration, epoch, m))
       state, metrics = setup.update_step(state, minibatch, jnp.asarray(train_actor))
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v)
@@ -174,7 +190,7 @@ def run_updates(setup, state, upd, keys, *, train_actor):
 
 
 def rl_iteration(setup, fns, state, iteration, moments, model):
-  """Runs one iteration; returns (state, metrics, moments)."""
+  """Runs one iteration; returns (state, metrics, moments, update batch)."""
   c = setup.config
   keys = iteration_keys(state, iteration)
   t0 = time.perf_counter()
@@ -193,7 +209,8 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   t1 = time.perf_counter()
   upd, metrics, moments = prepare(setup, fns, state, rows, keys, moments)
   train_actor = iteration >= c.algo.critic_warmup_iterations
-  state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor)
+  state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor,
+                                      iteration=iteration)
   if c.algo.kl_controller == "adaptive" and state.ref is not None:
     ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
                                       horizon=c.algo.kl_horizon)
@@ -204,8 +221,19 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   metrics.update(stats)
   metrics.update(update_metrics)
   metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                  "time/tokens_per_s": tokens / max(stats["time_generate_s"], 1e-9)})
-  return state._replace(iteration=_like(state.iteration, iteration + 1)), metrics, moments
+                  "time/tokens_per_s": tokens / max(stats["time/generate_s"], 1e-9)})
+  state = state._replace(iteration=_like(state.iteration, iteration + 1))
+  return state, metrics, moments, upd
+
+
+def save_analysis_batch(fns, state, upd, path):
+  """The last rollout batch with the updated policy's log-probs, for `rljax.analysis`
+  (the notebook's trick-impact view on a real batch)."""
+  logp, _ = fns.policy_stats(state.actor, {k: upd[k] for k in SEQUENCE_KEYS})
+  arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
+            "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
+            "truncated": upd["truncated"]}
+  np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
 
 
 def _like(old, value):

@@ -15,7 +15,7 @@ from rljax import sampling
 from rljax.ops.shaping import RunningMoments
 from rljax.train import checkpoint, metrics, sft
 from rljax.train.evaluate import evaluate
-from rljax.train.iteration import ForwardFns, rl_iteration
+from rljax.train.iteration import ForwardFns, rl_iteration, save_analysis_batch
 from rljax.train.setup import build, compile_update, init_state
 from rljax.train.validate import validate
 
@@ -108,7 +108,7 @@ def train(config, *, stop_after=None):
   with _StopFlag() as stop:
     for it in iterations:
       model = nnx.merge(setup.actor_graphdef, state.actor)
-      state, m, moments = rl_iteration(setup, fns, state, it, moments, model)
+      state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
       if int(state.nonfinite_in_row) >= c.run.max_nonfinite_in_row:
         raise FloatingPointError(
             f"{int(state.nonfinite_in_row)} updates in a row had a non-finite loss or gradient "
@@ -129,6 +129,8 @@ def train(config, *, stop_after=None):
       interrupted = stop.raised or (stop_after is not None and done >= stop_after)
       if last or interrupted or (c.run.save_every and (it + 1) % c.run.save_every == 0):
         ckpt.save(it + 1, state, host_state())
+      if last:
+        save_analysis_batch(fns, state, upd, run_dir / "analysis_batch.npz")
       if interrupted:
         break
   ckpt.close()

@@ -14,6 +14,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from rljax.analysis.token_stats import clip_by_probability_bt
 from rljax.models.logprobs import token_logprobs_and_entropy
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
@@ -153,6 +154,8 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
       "clip_dual": tok(diag.clip_dual_bt), "ratio": tok(diag.ratio_bt),
       "approx_kl_old": tok(diag.approx_kl_bt),
   }
+  by_prob = clip_by_probability_bt(batch["old_logp"], diag.clip_low_bt, diag.clip_high_bt, mask)
+  metrics.update({k: tok(v) for k, v in by_prob.items()})
   if spec.entropy_coef:
     ent = _sum(entropy, mask, spec.loss_agg, spec) / denom["policy"]
     loss = loss - spec.entropy_coef * ent

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from rljax.data.batching import left_pad
+from rljax.data.buffer import DynamicSamplingBuffer, DynamicSamplingError
 from rljax.sampling import SamplingParams, generate
 
 
@@ -73,57 +74,48 @@ def score(ctx: RolloutContext, prompts, rows, n):
   return rows
 
 
-def concat_rows(parts):
-  out = {}
-  for key in parts[0]:
-    if key == "texts":
-      out[key] = [t for p in parts for t in p[key]]
-    else:
-      out[key] = np.concatenate([p[key] for p in parts], axis=0)
-  return out
-
-
-def take_rows(rows, index):
-  return {k: ([v[i] for i in index] if k == "texts" else v[index]) for k, v in rows.items()}
+def _zero_variance_fraction(scores, n):
+  return float(np.mean(scores.reshape(-1, n).std(axis=1) == 0)) if n > 1 else 0.0
 
 
 def collect(ctx, model, draw_prompts, rng_fn, *, num_prompts, dynamic_sampling, max_rounds):
-  """Samples and scores `num_prompts` groups.
+  """Samples and scores `num_prompts` groups of `n` completions.
 
-  With dynamic sampling (DAPO, arXiv:2503.14476 Sec. 3.2), groups whose scores are all
-  equal are dropped and more prompts are drawn until `num_prompts` informative groups
-  are filled; after `max_rounds` generation rounds a RuntimeError says so.
+  With dynamic sampling (DAPO, arXiv:2503.14476, Sec. 3.2, Eq. 11) groups whose
+  accuracies are all equal are dropped (the verl recipe filters on accuracy) and more
+  prompts are drawn until `num_prompts` informative groups are filled;
+  `rljax.data.buffer.DynamicSamplingBuffer` raises a clear error after `max_rounds`.
 
   Returns:
     (rows dict with B = num_prompts·n rows in group-major order, prompts list, stats dict)
   """
   n = ctx.sampling.n
-  kept_rows, kept_prompts, rounds, drawn, zero_var = [], [], 0, 0, 0
-  t0 = time.perf_counter()
-  gen_s = 0.0
-  while len(kept_prompts) < num_prompts:
-    if rounds >= max_rounds:
-      raise RuntimeError(
-          f"dynamic sampling filled {len(kept_prompts)}/{num_prompts} groups with non-zero "
-          f"score variance after {rounds} rounds (algo.dynamic_sampling_max_rounds={max_rounds}); "
-          "raise the limit, use easier prompts, or turn algo.dynamic_sampling off")
+  gen_s = score_s = 0.0
+  buffer = DynamicSamplingBuffer(num_prompts, max_rounds=max_rounds)
+  zero_var = None
+  while True:
     prompts = draw_prompts(num_prompts)
-    t_gen = time.perf_counter()
+    t0 = time.perf_counter()
     rows = sample(ctx, model, prompts, rng_fn())
-    gen_s += time.perf_counter() - t_gen
+    t1 = time.perf_counter()
     rows = score(ctx, prompts, rows, n)
-    rounds += 1
-    drawn += len(prompts)
-    std = rows["scores"].reshape(-1, n).std(axis=1)
-    informative = (std > 0) | (n == 1)
-    zero_var += int((~informative).sum())
-    keep = informative if dynamic_sampling else np.ones_like(informative)
-    for g in np.flatnonzero(keep):
-      if len(kept_prompts) == num_prompts:
-        break
-      kept_prompts.append(prompts[g])
-      kept_rows.append(take_rows(rows, np.arange(g * n, (g + 1) * n)))
-  rows = concat_rows(kept_rows)
-  stats = {"generation_rounds": rounds, "zero_variance_group_frac": zero_var / max(drawn, 1),
-           "time_generate_s": gen_s, "time_score_s": time.perf_counter() - t0 - gen_s}
-  return rows, kept_prompts, stats
+    gen_s, score_s = gen_s + t1 - t0, score_s + time.perf_counter() - t1
+    if zero_var is None:
+      zero_var = _zero_variance_fraction(rows["accuracy"], n)
+    if not dynamic_sampling:
+      break
+    rows["prompt"] = [prompts[i // n] for i in range(len(rows["texts"]))]
+    rows["total_scores"] = rows.pop("scores")   # the buffer keeps its filter metric as "scores"
+    try:
+      buffer.add(rows["accuracy"], rows.pop("group_id"), **rows)
+    except DynamicSamplingError as err:
+      raise DynamicSamplingError(f"{err} (config field: algo.dynamic_sampling_max_rounds)") from err
+    if buffer.ready:
+      rows = buffer.take()
+      rows["scores"] = rows.pop("total_scores")
+      prompts = rows.pop("prompt")[::n]
+      break
+  stats = {"train/generation_rounds": buffer.last_stats.get("rounds", 1),
+           "train/zero_variance_group_frac": zero_var,
+           "time/generate_s": gen_s, "time/score_s": score_s}
+  return rows, prompts, stats

@@ -122,8 +122,8 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, metric_shape))
     (grads, loss, sums), _ = jax.lax.scan(body, init, micro_batches)
 
-    actor_norm = optax.global_norm(grads[0])
-    critic_norm = optax.global_norm(grads[1]) if state.critic is not None else jnp.zeros(())
+    actor_norm = optax.tree.norm(grads[0])
+    critic_norm = optax.tree.norm(grads[1]) if state.critic is not None else jnp.zeros(())
     finite = jnp.isfinite(loss) & jnp.isfinite(actor_norm) & jnp.isfinite(critic_norm)
     actor, actor_opt = _apply(actor_tx, grads[0], state.actor_opt, state.actor,
                               finite & train_actor)
