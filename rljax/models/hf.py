@@ -159,7 +159,7 @@ def config_from_hf(hf: dict[str, Any], *, dtype=None, param_dtype=None,
       attention_bias=bias, attention_out_bias=arch != "qwen2" and bias,
       qk_norm=arch == "qwen3", tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       max_position_embeddings=hf.get("max_position_embeddings", 4096), arch=arch,
-      dtype=dtype, param_dtype=jnp.dtype(param_dtype or dtype).name,
+      dtype=dtype, param_dtype=jnp.dtype(param_dtype or "float32").name,
       bos_token_id=hf.get("bos_token_id"), eos_token_id=hf.get("eos_token_id"),
       pad_token_id=hf.get("pad_token_id"))
 
@@ -221,7 +221,8 @@ def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelC
     path: directory with config.json and *.safetensors (one file or sharded with
       model.safetensors.index.json).
     dtype: compute dtype (default float32, whatever the checkpoint's storage dtype).
-    param_dtype: parameter storage dtype (default: `dtype`).
+    param_dtype: parameter storage dtype (default float32: master weights for training
+      stay float32 under bf16 compute; pass "bfloat16" to halve memory for inference).
   Returns:
     (model, model_config).
   Raises:
