@@ -112,9 +112,13 @@ def test_sharded_checkpoint_loads(tmp_path):
   assert len(list(tmp_path.glob("*.safetensors"))) > 1
   model, _ = load_hf(str(tmp_path))
   tokens, positions, mask = _batch(1)
-  err = _max_err(_rl_logits(model, tokens, positions, mask),
-                 _hf_logits(hf_model, tokens, positions, mask), mask)
+  want = _hf_logits(hf_model, tokens, positions, mask)
+  err = _max_err(_rl_logits(model, tokens, positions, mask), want, mask)
   assert err < 1e-4, err
+  # dtype= sets the compute dtype; parameters stay float32 unless param_dtype is given
+  model16, cfg16 = load_hf(str(tmp_path), dtype="bfloat16")
+  assert cfg16.dtype == "bfloat16" and model16.embed[...].dtype == jnp.float32
+  assert _max_err(_rl_logits(model16, tokens, positions, mask), want, mask) < 0.05
 
 
 def _random_rljax(cfg, seed):
