@@ -1,43 +1,20 @@
 """End-to-end: every experiment file runs two RL iterations on a micro configuration;
 1 device vs 8 simulated devices; micro-batch split; no recompilation after iteration 1."""
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from train_micro import micro_config, read_records
 
 from rljax.train import setup as setup_lib
-from rljax.train.config import load_config
 from rljax.train.loop import train
-
-MICRO = {
-    "run.iterations": 2, "run.save_every": 0, "run.eval_every": 0, "run.progress": False,
-    "run.plots": False, "run.tensorboard": False,
-    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
-    "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
-    "sft.steps": 0, "sampling.prompts_per_iteration": 4, "sampling.n": 4,
-    "sampling.max_new_tokens": 24, "sampling.eval_n": 2, "task.heldout_size": 8,
-    "algo.overlong_cache_len": 4,
-}
 
 EXPERIMENT_SPECS = [
     "grpo", "dr_grpo", "gspo", "gspo:token", "cispo", "cispo:absolute_cap", "rloo", "remax",
     "reinforce_pp", "reinforce_pp:baseline", "ppo", "ppo:ptx", "psr_nsr", "entropy:bonus",
     "entropy:high_entropy_mask", "entropy:clip_cov", "entropy:kl_cov", "dapo:token_level_loss",
 ]
-
-
-def micro_config(spec, tmp_path, **extra):
-  overrides = dict(MICRO, **{"run.dir": str(tmp_path / spec.replace(":", "_"))})
-  overrides.update(extra)
-  return load_config(f"experiments/{spec.split(':')[0]}.py" +
-                     (f":{spec.split(':')[1]}" if ":" in spec else ""), overrides)
-
-
-def read_records(run_dir):
-  return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

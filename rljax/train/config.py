@@ -62,6 +62,7 @@ def base_config() -> ConfigDict:
       digits=1,                # arithmetic: digits per operand
       jsonl_path="",           # for name == "jsonl"
       prompt_sampler="uniform",  # uniform | curriculum | prioritized
+      curriculum_steps=40,     # curriculum: iterations to move from easiest to hardest
       format_weight=0.1,       # weight of the format reward in the total score
       reward_on_failure="score_failure",  # score_failure | raise (reward fn raised/hung/NaN)
       reward_timeout=10.0,     # seconds per reward call (0: no deadline)

@@ -49,15 +49,16 @@ def iteration_keys(state, iteration):
   return dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
 
 
-def draw_prompts_fn(setup, iteration):
-  """Uniform prompt draws, deterministic in (seed, iteration, round): resumable by construction."""
+def draw_prompts_fn(setup):
+  """Draws from the run's prompt sampler (its state is checkpointed with the run)."""
   prompts = setup.task.train_prompts()
-  rounds = iter(range(1_000_000))
+  return lambda k: [prompts[i] for i in setup.prompt_sampler.sample(k)]
 
-  def draw(k):
-    rng = np.random.default_rng([setup.config.run.seed, iteration, next(rounds)])
-    return [prompts[i] for i in rng.choice(len(prompts), size=k, replace=len(prompts) < k)]
-  return draw
+
+def feed_back_success(setup, prompts, accuracy, n):
+  """Per-prompt success rates to the sampler (prioritized sampling tracks them online)."""
+  index = np.asarray([setup.prompt_index[p.id] for p in prompts])
+  setup.prompt_sampler.update(index, np.asarray(accuracy).reshape(-1, n).mean(axis=1))
 
 
 def shape_scores(config, rows, moments):
@@ -196,10 +197,11 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   t0 = time.perf_counter()
   counter = iter(range(1_000_000))
   rows, prompts, stats = rollout.collect(
-      setup.ctx, model, draw_prompts_fn(setup, iteration),
+      setup.ctx, model, draw_prompts_fn(setup),
       lambda: jax.random.fold_in(keys["sample"], next(counter)),
       num_prompts=c.sampling.prompts_per_iteration, dynamic_sampling=c.algo.dynamic_sampling,
       max_rounds=c.algo.dynamic_sampling_max_rounds if c.algo.dynamic_sampling else 1)
+  feed_back_success(setup, prompts, rows["accuracy"], c.sampling.n)
   if c.algo.advantage == "remax":
     greedy = setup.ctx.sampling.replace(greedy=True, n=1)
     g_rows = rollout.score(setup.ctx, prompts,

@@ -45,6 +45,14 @@ class _StopFlag:
       signal.signal(sig, old)
 
 
+def _jsonable(tree):
+  if isinstance(tree, dict):
+    return {k: _jsonable(v) for k, v in tree.items()}
+  if hasattr(tree, "tolist"):
+    return tree.tolist()
+  return tree
+
+
 def compile_count(setup, fns):
   """Programs compiled so far by the sampler, the forward passes and the update step."""
   return sampling.compile_count() + fns.compile_count() + setup.update_step._cache_size()
@@ -90,6 +98,7 @@ def train(config, *, stop_after=None):
   if restored is not None:
     step, state, host = restored
     moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
+    setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
     start, acc_before = int(state.iteration), host["heldout_acc_before"]
     print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {run_dir}")
   else:
@@ -98,7 +107,8 @@ def train(config, *, stop_after=None):
   writer.truncate_after(start)
 
   def host_state():
-    return {"heldout_acc_before": acc_before, "reward_moments": [float(x) for x in moments]}
+    return {"heldout_acc_before": acc_before, "reward_moments": [float(x) for x in moments],
+            "prompt_sampler": _jsonable(setup.prompt_sampler.state_dict())}
 
   iterations = range(start, c.run.iterations)
   if c.run.progress:

@@ -10,6 +10,7 @@ from flax import nnx
 
 from rljax import parallel
 from rljax.data.batching import bucket_length
+from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
 from rljax.models import Decoder, ModelConfig, load_hf
@@ -39,6 +40,8 @@ class Setup:
   update_step: object         # set by `compile_update` once the state is placed
   initial_actor: object       # nnx.State
   initial_critic: object      # nnx.State or None
+  prompt_sampler: object      # rljax.data.samplers: uniform | curriculum | prioritized
+  prompt_index: dict          # prompt id -> index into task.train_prompts()
 
 
 def build_task(config):
@@ -116,7 +119,13 @@ def build(config) -> Setup:
   spec = objective.loss_spec(config)
   actor_tx = optimizer(config, config.optim.actor_lr)
   critic_tx = optimizer(config, config.optim.critic_lr)
-  return Setup(config=config, tokenizer=tokenizer, task=task, model_cfg=model_cfg,
+  prompts = task.train_prompts()
+  sampler_options = ({"ramp_steps": config.task.curriculum_steps}
+                     if config.task.prompt_sampler == "curriculum" else {})
+  prompt_sampler = make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
+                                **sampler_options)
+  return Setup(prompt_sampler=prompt_sampler,
+               prompt_index={p.id: i for i, p in enumerate(prompts)}, config=config, tokenizer=tokenizer, task=task, model_cfg=model_cfg,
                actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef, mesh=mesh, ctx=ctx,
                loss_spec=spec, adv_spec=advantages.advantage_spec(config), actor_tx=actor_tx,
                critic_tx=critic_tx, num_micro=config.algo.microbatches, update_step=None,

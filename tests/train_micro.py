@@ -1,0 +1,27 @@
+"""A micro configuration of the trainer for end-to-end tests (seconds per iteration on CPU)."""
+
+import json
+
+from rljax.train.config import load_config
+
+MICRO = {
+    "run.iterations": 2, "run.save_every": 0, "run.eval_every": 0, "run.progress": False,
+    "run.plots": False, "run.tensorboard": False,
+    "model.hidden_size": 32, "model.intermediate_size": 64, "model.num_layers": 1,
+    "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
+    "sft.steps": 0, "sampling.prompts_per_iteration": 4, "sampling.n": 4,
+    "sampling.max_new_tokens": 24, "sampling.eval_n": 2, "task.heldout_size": 8,
+    "algo.overlong_cache_len": 4,
+}
+
+
+def micro_config(spec, tmp_path, **extra):
+  """Loads `experiments/NAME.py[:arg]` with the MICRO overrides; run.dir = tmp_path/NAME[_arg]."""
+  overrides = dict(MICRO, **{"run.dir": str(tmp_path / spec.replace(":", "_"))})
+  overrides.update(extra)
+  name, _, arg = spec.partition(":")
+  return load_config(f"experiments/{name}.py" + (f":{arg}" if arg else ""), overrides)
+
+
+def read_records(run_dir):
+  return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
