@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.models import positions_from_mask
 from rljax.parallel import BATCH_AXES, state_shardings
 from rljax.sampling import buckets
 from rljax.sampling.filters import sample_tokens
@@ -97,7 +98,7 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
   r, p = tokens_rp.shape
   t_max = spec.max_new_tokens
   prompt_len_r = jnp.sum(mask_rp, axis=-1)
-  positions_rp = jnp.maximum(jnp.cumsum(mask_rp, axis=-1) - 1, 0)
+  positions_rp = positions_from_mask(mask_rp)
   kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
   cache = model.init_cache(r, p + t_max)
   last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs)
