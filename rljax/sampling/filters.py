@@ -34,7 +34,8 @@ def scale_temperature(logits_bv: jax.Array, temperature) -> jax.Array:
 def top_k_keep(logits_bv: jax.Array, *, k: int) -> jax.Array:
   """Top-k truncation: keep the k largest logits.
 
-  Fan et al. 2018, "Hierarchical Neural Story Generation", arXiv:1805.04833, Sec. 5.4.
+  Fan et al. 2018, "Hierarchical Neural Story Generation", arXiv:1805.04833 (top-k random
+  sampling of the next word).
 
   Args:
     logits_bv: logits, [..., V].
@@ -53,8 +54,8 @@ def top_p_keep(logits_bv: jax.Array, *, p) -> jax.Array:
   """Nucleus (top-p) truncation: the smallest set V(p) of most likely tokens with mass >= p.
 
   Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration", arXiv:1904.09751,
-  Eq. 2 (Σ_{x ∈ V(p)} P(x) >= p). A token is kept iff the mass of the strictly more likely
-  tokens is < p, so the argmax is always kept.
+  Eq. 2 (Σ_{x ∈ V(p)} P(x) >= p), renormalised as in Eq. 3. A token is kept iff the mass
+  of the strictly more likely tokens is < p, so the argmax is always kept.
 
   Args:
     logits_bv: logits of the (possibly already truncated, -inf) distribution, [..., V].
@@ -79,7 +80,7 @@ def min_p_keep(logits_bv: jax.Array, *, min_p) -> jax.Array:
   """Min-p truncation: keep tokens with p_i >= p_base · p_max.
 
   Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM
-  Outputs", arXiv:2407.01082, Sec. 3.1 (scaled threshold p_scaled = p_base × p_max).
+  Outputs", arXiv:2407.01082, Sec. 3 (scaled threshold p_scaled = p_base × p_max).
   Evaluated in log space: z_i - max_j z_j >= log p_base.
 
   Args:
