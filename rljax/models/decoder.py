@@ -35,9 +35,9 @@ class KVCache(NamedTuple):
 def positions_from_mask(attention_mask_bs):
   """RoPE positions for a (left- or right-) padded batch: cumsum(mask) - 1, clipped at 0.
 
-  Real tokens get 0, 1, 2, ... whatever the padding; padding slots get the position of
-  the nearest real token before them (0 for left padding). This is the convention of
-  `transformers` generate and the default of `Decoder.__call__`.
+  Real tokens get 0, 1, 2, ... whatever the padding (as in `transformers` generate);
+  padding slots get the position of the nearest real token before them (0 for left
+  padding; their outputs are never used). The default of `Decoder.__call__`.
 
   Args:
     attention_mask_bs: [B,S], 1 = real token.
