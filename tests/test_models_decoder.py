@@ -63,7 +63,7 @@ def test_padding_does_not_change_real_positions_and_padded_rows_are_finite():
   tok = jnp.array([[5, 6, 7, 8]], jnp.int32)
   ones = jnp.ones_like(tok)
   ref = _full(model, tok, jnp.arange(4)[None], ones)
-  padded = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), tok], axis=1)
+  padded = jnp.concatenate([jnp.full((1, 3), -1, jnp.int32), tok], axis=1)  # pad id -1
   pmask = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), ones], axis=1)
   ppos = jnp.maximum(jnp.cumsum(pmask, axis=1) - 1, 0)
   out = _full(model, padded, ppos, pmask)

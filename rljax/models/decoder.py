@@ -90,7 +90,13 @@ class Decoder(nnx.Module):
     return self.logits_from_hidden(hidden)
 
   def embed_tokens(self, tokens_bs):
-    return jnp.take(self.embed[...], tokens_bs, axis=0).astype(self.cfg.compute_dtype)
+    """Token embeddings [B,S,D] in the compute dtype.
+
+    Note: ids outside [0, V) are clipped (not NaN-filled, jnp.take's default), so a pad
+    id such as -1 under a zero attention mask cannot poison real positions with NaN.
+    """
+    return jnp.take(self.embed[...], tokens_bs, axis=0, mode="clip").astype(
+        self.cfg.compute_dtype)
 
   def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None):
     """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`."""
