@@ -33,7 +33,7 @@ def _chunk_stats(hidden_bcd, targets_bc, lm_head_fn, temperature, with_entropy):
   """log π(target) and entropy for one chunk; float32 [B,c] each."""
   z = lm_head_fn(hidden_bcd).astype(jnp.float32) / temperature  # [B,c,V]
   lse = jax.nn.logsumexp(z, axis=-1)  # [B,c]
-  z_target = jnp.take_along_axis(z, targets_bc[..., None], axis=-1)[..., 0]
+  z_target = jnp.take_along_axis(z, targets_bc[..., None], axis=-1, mode="clip")[..., 0]
   logp = z_target - lse
   if not with_entropy:
     return logp, jnp.zeros_like(logp)
@@ -71,7 +71,8 @@ def logprobs_from_hidden(hidden_btd, targets_bt, lm_head_fn: Callable, *, temper
 
   Args:
     hidden_btd: hidden states that predict the targets, [B,T,D] (position t predicts y_t).
-    targets_bt: int [B,T].
+    targets_bt: int [B,T]; ids outside [0, V) (e.g. a -1 pad) are clipped, so padded
+      positions stay finite (mask them downstream).
     lm_head_fn: [B,c,D] -> logits [B,c,V] (e.g. `model.logits_from_hidden`).
     temperature: τ > 0, scalar (may be traced).
     chunk_size: positions per lm-head chunk; need not divide T.
