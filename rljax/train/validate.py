@@ -120,7 +120,12 @@ def _check_combinations(errors, c):
   if a.critic_warmup_iterations > 0 and a.advantage != "gae":
     errors.append("algo.critic_warmup_iterations > 0 needs a critic (algo.advantage='gae')")
   batch = s.prompts_per_iteration * s.n
-  if batch % a.minibatches:
+  for name in ("minibatches", "microbatches"):
+    if a[name] < 1:
+      errors.append(f"algo.{name}={a[name]} must be >= 1")
+  if a.minibatches < 1 or a.microbatches < 1 or batch < 1:
+    pass
+  elif batch % a.minibatches:
     errors.append(f"algo.minibatches={a.minibatches} must divide the rollout batch "
                   f"prompts_per_iteration*n={batch}")
   elif (batch // a.minibatches) % a.microbatches:
@@ -144,9 +149,12 @@ def _check_mesh(errors, c, num_devices):
     errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
     return
   data = p.data if p.data > 0 else num_devices // fixed
+  if data * fixed != num_devices:
+    errors.append(f"parallel: data*fsdp*tensor={data * fixed} must equal the {num_devices} devices")
+    return
   batch_axes = data * p.fsdp
-  micro = c.sampling.prompts_per_iteration * c.sampling.n // (c.algo.minibatches *
-                                                              max(c.algo.microbatches, 1))
+  split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
+  micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
   if micro % batch_axes:
     errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
                   f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
