@@ -142,3 +142,50 @@ def test_random_configs_only_raise_config_errors(fields):
     validate(c, num_devices=8)
   except ConfigError as err:
     assert "invalid config" in str(err)
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+def _arith_rows(n):
+  rows = []
+  for i in range(n):
+    a, b = i % 10, (i * 7) % 10
+    rows.append({"prompt": f"Q:{a}+{b}\n", "answer": str(a + b),
+                 "solution": f"{a}+{b}={a + b}\n<answer>{a + b}</answer>"})
+  return rows
+
+
+def test_jsonl_task_runs_end_to_end(tmp_path):
+  rows = [dict(r, prompt=r["prompt"].replace("Q:", f"Q{i}:")) for i, r in enumerate(_arith_rows(80))]
+  path = _write_jsonl(tmp_path / "data.jsonl", rows)
+  config = micro_config("grpo", tmp_path, **{"task.name": "jsonl", "task.jsonl_path": path,
+                                             "sft.steps": 2, "run.iterations": 1})
+  result = train(config)
+  assert result["iterations"] == 1
+
+
+@pytest.mark.parametrize("content,needle", [("", "empty"), ('{"prompt": "Q:1+1"}\n', "answer"),
+                                            ("{not json\n", ":1")])
+def test_bad_jsonl_files_are_clear_errors(tmp_path, content, needle):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(content)
+  config = micro_config("grpo", tmp_path, **{"task.name": "jsonl", "task.jsonl_path": str(path)})
+  with pytest.raises(ValueError, match=needle):
+    train(config)
+  assert not (tmp_path / "grpo").exists()     # nothing written
+
+
+def test_long_prompts_are_rejected_or_truncated(tmp_path):
+  rows = [dict(r, prompt=f"Q{i}:" + r["prompt"][2:]) for i, r in enumerate(_arith_rows(60))]
+  rows.append({"prompt": "Q:" + "1+" * 150 + "1\n", "answer": "151"})
+  path = _write_jsonl(tmp_path / "long.jsonl", rows)
+  fields = {"task.name": "jsonl", "task.jsonl_path": path, "run.iterations": 1,
+            "model.max_position_embeddings": 128}
+  with pytest.raises(ConfigError, match="task.long_prompts"):
+    train(micro_config("grpo", tmp_path / "reject", **fields))
+  result = train(micro_config("grpo", tmp_path / "truncate",
+                              **dict(fields, **{"task.long_prompts": "truncate"})))
+  assert result["iterations"] == 1

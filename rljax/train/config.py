@@ -60,7 +60,8 @@ def base_config() -> ConfigDict:
       seed=1234,
       heldout_size=128,
       digits=1,                # arithmetic: digits per operand
-      jsonl_path="",           # for name == "jsonl"
+      jsonl_path="",           # for name == "jsonl": rows {"prompt", "answer"[, "solution"]}
+      long_prompts="reject",   # reject | truncate (keep the last tokens) prompts that do not fit
       prompt_sampler="uniform",  # uniform | curriculum | prioritized
       curriculum_steps=40,     # curriculum: iterations to move from easiest to hardest
       format_weight=0.1,       # weight of the format reward in the total score

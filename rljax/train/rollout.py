@@ -29,7 +29,9 @@ class RolloutContext:
 
 
 def encode_prompts(ctx: RolloutContext, prompts):
-  ids = [[ctx.tokenizer.bos_id] + ctx.tokenizer.encode(p.text) for p in prompts]
+  # Left truncation keeps the end of a prompt (only reached with task.long_prompts="truncate").
+  ids = [([ctx.tokenizer.bos_id] + ctx.tokenizer.encode(p.text))[-ctx.prompt_len:]
+         for p in prompts]
   return left_pad(ids, pad_id=ctx.tokenizer.pad_id, length=ctx.prompt_len)
 
 

@@ -10,6 +10,7 @@ from flax import nnx
 
 from rljax import parallel
 from rljax.data.batching import bucket_length
+from rljax.data.jsonl_task import JsonlTask
 from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
@@ -46,6 +47,8 @@ class Setup:
 
 def build_task(config):
   t = config.task
+  if t.name == "jsonl":
+    return JsonlTask(t.jsonl_path, n_heldout=t.heldout_size, format_weight=t.format_weight)
   hi = t.difficulty_max or t.difficulty
   options = {"digits": t.digits} if t.name == "arithmetic" else {}
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
@@ -58,6 +61,24 @@ def task_rewards(task, config):
   return compose([("accuracy", lambda p, c: task.score(p, c)["accuracy"], 1.0),
                   ("format", lambda p, c: task.score(p, c)["format"], t.format_weight)],
                  on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
+
+
+def prompt_length(config, task, tokenizer, max_positions):
+  """Prompt columns P (a shape bucket) such that P + max_new_tokens fits the model.
+
+  Prompts longer than that are rejected with an error naming one of them, or left-truncated
+  (their last tokens kept) when task.long_prompts == "truncate".
+  """
+  limit = max_positions - config.sampling.max_new_tokens
+  prompts = task.train_prompts() + task.heldout_prompts()
+  lengths = [len(tokenizer.encode(p.text)) + 1 for p in prompts]   # + bos
+  too_long = [p.id for p, n in zip(prompts, lengths) if n > limit]
+  if too_long and config.task.long_prompts == "reject":
+    raise ConfigError(
+        f"{len(too_long)} prompts (e.g. {too_long[0]}) are longer than {limit} tokens = model "
+        f"positions {max_positions} - sampling.max_new_tokens; set task.long_prompts='truncate' "
+        "to keep their last tokens, or shorten them")
+  return min(bucket_length(max(lengths)), limit)
 
 
 def tiny_model_config(config, vocab_size) -> ModelConfig:
@@ -96,11 +117,7 @@ def build(config) -> Setup:
   tokenizer = HFTokenizer(config.model.hf_path) if config.model.hf_path else CharTokenizer()
   task = build_task(config)
   actor, critic, model_cfg = build_models(config, tokenizer)
-  prompt_len = bucket_length(task.max_prompt_len + 1)   # + bos
-  if prompt_len + config.sampling.max_new_tokens > config.model.max_position_embeddings:
-    raise ConfigError(
-        f"prompt bucket {prompt_len} + sampling.max_new_tokens={config.sampling.max_new_tokens} "
-        f"exceeds model.max_position_embeddings={config.model.max_position_embeddings}")
+  prompt_len = prompt_length(config, task, tokenizer, model_cfg.max_position_embeddings)
   p = config.parallel
   devices = jax.devices()[:p.num_devices] if p.num_devices else None
   mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)

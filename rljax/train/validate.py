@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import jax
 
+from rljax.data.tasks import TASKS
+
 ADVANTAGE_MODES = (
     "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
     "remax", "gae", "pass_at_k",
@@ -27,6 +29,9 @@ CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
 PROMPT_SAMPLERS = ("uniform", "curriculum", "prioritized")
 DTYPES = ("float32", "bfloat16")
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
+
+
+TASK_NAMES = (*TASKS, "jsonl")
 
 
 class ConfigError(ValueError):
@@ -62,6 +67,8 @@ def _check_choices(errors, c):
       ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
       ("sampling.sampler_dtype", SAMPLER_DTYPES),
       ("task.reward_on_failure", ("score_failure", "raise")),
+      ("task.long_prompts", ("reject", "truncate")),
+      ("task.name", TASK_NAMES),
   ):
     _choice(errors, c, dotted, allowed)
 
@@ -131,6 +138,8 @@ def _check_combinations(errors, c):
   elif (batch // a.minibatches) % a.microbatches:
     errors.append(f"algo.microbatches={a.microbatches} must divide the minibatch size "
                   f"{batch // a.minibatches}")
+  if c.task.name == "jsonl" and not c.task.jsonl_path:
+    errors.append("task.jsonl_path is empty but task.name='jsonl'")
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
 
