@@ -89,7 +89,7 @@ def word_tokenizer(vocab: int):
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
-  def __init__(self, model, *, batch=PROMPTS, group=GROUP, new_tokens=NEW_TOKENS):
+  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS):
     from flax import nnx
 
     from rljax import parallel

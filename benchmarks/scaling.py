@@ -1,0 +1,97 @@
+"""How one rljax GRPO iteration (rollout + update) scales with batch, length and width.
+
+Starts from the shared workload of ../shared/PERF_NOTES.md (tiny Qwen2: vocab 512,
+width 256, MLP 768 = 3·width, 4 layers, 4 heads x 64, 2 KV heads; 8 prompts x 8
+generations, prompts of 32 tokens, 96 new tokens) and varies one thing at a time,
+three values each, with the trainer's own pieces (`grpo_vs_trl.RljaxGRPO`: `generate` ->
+old-log-prob forward -> jitted `update_step`):
+
+  batch  : completions per iteration 32 / 64 / 128 (prompts 4 / 8 / 16, n = 8)
+  length : new tokens 48 / 96 / 192
+  width  : hidden size 128 / 256 / 512 (MLP 3x, heads of 64: 2 / 4 / 8 heads, 1 / 2 / 4 KV)
+
+Each cell is the median of `--reps` iterations after one compile-and-warm-up iteration.
+Next to the time it prints the analytic FLOPs (PERF_NOTES formula: 2·M·K·N per matmul,
+x3 for the update) and the time relative to the middle value, so one can read whether
+costs grow as the FLOPs do (batch: linear; length: slightly super-linear through
+attention, plus the sequential decode; width: ~quadratic in the matmuls).
+
+    python benchmarks/scaling.py [--reps 2]      # about 4-5 minutes on the 2-core machine
+
+Last line: RESULT {"metric": "iteration_seconds_scaling", "rljax": <base seconds>, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import numpy as np
+from grpo_vs_trl import PROMPT_LEN, RljaxGRPO, build_hf, load_into_rljax
+from sampler_vs_hf import generate_flops
+from update_roofline import train_flops
+
+BASE = {"prompts": 8, "new_tokens": 96, "width": 256}
+SWEEPS = {"batch": ("prompts", (4, 8, 16)), "length": ("new_tokens", (48, 96, 192)),
+          "width": ("width", (128, 256, 512))}
+GROUP = 8
+
+
+def run_cell(prompts: int, new_tokens: int, width: int, reps: int) -> dict:
+  heads = width // 64
+  hf = build_hf(hidden_size=width, intermediate_size=3 * width, num_attention_heads=heads,
+                num_key_value_heads=max(1, heads // 2), head_dim=64)
+  model, cfg = load_into_rljax(hf)
+  grpo = RljaxGRPO(model, group=GROUP, new_tokens=new_tokens)
+  ids = np.random.default_rng(0).integers(2, cfg.vocab_size, (reps + 1, prompts, PROMPT_LEN))
+  grpo.iteration(ids[0], 0)                     # compile + warm-up
+  times = [grpo.iteration(ids[i], i) for i in range(1, reps + 1)]
+  b = prompts * GROUP
+  gen_gflop = generate_flops(cfg, b, PROMPT_LEN, new_tokens) / 1e9
+  upd_gflop = train_flops(cfg, b, PROMPT_LEN, new_tokens) / 1e9 * 4 / 3   # + old_logp fwd
+  med = {k: statistics.median(t[k] for t in times) for k in ("generate", "old_logp", "update",
+                                                               "total")}
+  med["gflop"] = gen_gflop + upd_gflop
+  return med
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--reps", type=int, default=2)
+  args = parser.parse_args()
+  load_before = os.getloadavg()
+  cache: dict[tuple, dict] = {}
+  rows = []
+  for sweep, (key, values) in SWEEPS.items():
+    for v in values:
+      cell = dict(BASE, **{key: v})
+      k = tuple(cell.values())
+      if k not in cache:
+        cache[k] = run_cell(cell["prompts"], cell["new_tokens"], cell["width"], args.reps)
+      rows.append((sweep, cell, cache[k]))
+      r = cache[k]
+      print(f"{sweep:6s} {key}={v:4d}: total {r['total']:.2f}s (generate {r['generate']:.2f}, "
+            f"old_logp {r['old_logp']:.2f}, update {r['update']:.2f})", flush=True)
+  base = cache[tuple(BASE.values())]
+  print(f"\nload average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+        f"cores; medians of {args.reps} iterations\n")
+  print("| varied | completions | new tokens | width | generate s | old_logp s | update s "
+        "| iteration s | x base time | x base GFLOP |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+  for sweep, cell, r in rows:
+    print(f"| {sweep} | {cell['prompts'] * GROUP} | {cell['new_tokens']} | {cell['width']} | "
+          f"{r['generate']:.2f} | {r['old_logp']:.2f} | {r['update']:.2f} | {r['total']:.2f} | "
+          f"{r['total'] / base['total']:.2f} | {r['gflop'] / base['gflop']:.2f} |")
+  res = {"metric": "iteration_seconds_scaling", "rljax": round(base["total"], 3), "peer": None,
+         "ratio": None,
+         "table": [{"varied": s, **c, "seconds": round(r["total"], 3),
+                    "gflop": round(r["gflop"], 1)} for s, c, r in rows],
+         "loadavg_before": [round(x, 2) for x in load_before],
+         "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+  print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+  main()

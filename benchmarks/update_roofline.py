@@ -1,0 +1,190 @@
+"""Update-step FLOP utilisation against the machine's measured matmul roofline.
+
+Roofline: median GFLOP/s of a 1024³ fp32 `jnp.dot`. Update step: the trainer's jitted
+`update_step` (`rljax.train.update.build_update_step`: forward + backward + AdamW, one
+micro-batch) on the shared GRPO workload of ../shared/PERF_NOTES.md (tiny Qwen2, 64
+sequences of 32 prompt + 96 completion tokens, lm head only on the completion
+positions). FLOPs are analytic: 2·M·K·N per matmul (attention scores and values over
+the full S×S square included), x3 for forward + backward = 172.3 GFLOP; the forward
+alone (the old-log-prob pass, `objective.policy_forward`) is a third of that.
+
+Every XLA flag set runs in its own subprocess (XLA reads XLA_FLAGS once, at start-up),
+so the flags can be compared on the same script; a flag this XLA does not know is
+reported as unsupported.
+
+    python benchmarks/update_roofline.py [--reps 5] [--flags all|baseline]
+
+Last line: RESULT {"metric": "update_flop_utilisation", "rljax": <fraction of the
+roofline, baseline flags>, "peer": <roofline GFLOP/s>, "ratio": <fraction / 0.70 target>, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+TARGET = 0.70
+FLAG_SETS = {
+    "baseline": "",
+    "no_multi_thread_eigen": "--xla_cpu_multi_thread_eigen=false",
+    "fast_math": "--xla_cpu_enable_fast_math=true",
+    "onednn": "--xla_cpu_use_onednn=true",
+    "xnnpack": "--xla_cpu_use_xnnpack=true",
+    "concurrency_scheduler": "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+}
+
+
+def train_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
+  """Analytic FLOPs of fwd+bwd over [batch, prompt_len + new_tokens], lm head on completions."""
+  d, f, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+  h, k, dh, v = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size
+  s = prompt_len + new_tokens
+  dense = 2.0 * layers * (d * h * dh + 2 * d * k * dh + h * dh * d + 3 * d * f) * s
+  attention = layers * 2 * (2.0 * s * s * h * dh)      # scores + weighted values
+  head = 2.0 * d * v * new_tokens
+  return 3 * batch * (dense + attention + head)
+
+
+def median_time(fn, reps: int) -> tuple[float, list[float]]:
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times), times
+
+
+def worker(reps: int) -> dict:
+  """Runs in the subprocess: roofline, forward, grad-only and full update step timings."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from grpo_vs_trl import (
+    GROUP,
+    NEW_TOKENS,
+    PROMPT_LEN,
+    PROMPTS,
+    RljaxGRPO,
+    build_hf,
+    load_into_rljax,
+  )
+
+  from rljax.train import objective
+
+  n = 1024
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  dot(a, b).block_until_ready()
+  t_dot, _ = median_time(lambda: dot(a, b).block_until_ready(), 3 * reps)
+  roofline = 2 * n ** 3 / t_dot / 1e9
+
+  model, cfg = load_into_rljax(build_hf())
+  grpo = RljaxGRPO(model)
+  rng = np.random.default_rng(0)
+  rows_n = PROMPTS * GROUP
+  rows = {"prompt_tokens": rng.integers(2, cfg.vocab_size, (rows_n, PROMPT_LEN)),
+          "prompt_mask": np.ones((rows_n, PROMPT_LEN), np.int32),
+          "tokens": rng.integers(2, cfg.vocab_size, (rows_n, NEW_TOKENS)),
+          "mask": np.ones((rows_n, NEW_TOKENS), np.int32)}
+  seq, mb = grpo.minibatch(rows, 0)
+  old_logp, _ = grpo.policy_stats(grpo.state.actor, seq)
+  mb["old_logp"] = mb["ref_logp"] = old_logp
+  graphdef = nnx.graphdef(grpo.merge())
+
+  @jax.jit
+  def grad_only(params, batch):
+    def loss(p):
+      logp, _ = objective.policy_forward(nnx.merge(graphdef, p), batch, temperature=1.0)
+      return jnp.sum(logp * batch["advantages"][:, None])
+    return jax.grad(loss)(params)
+
+  fwd = lambda: jax.block_until_ready(grpo.policy_stats(grpo.state.actor, seq))  # noqa: E731
+  grad = lambda: jax.block_until_ready(grad_only(grpo.state.actor, mb))  # noqa: E731
+
+  def step():
+    grpo.state, metrics = grpo.update_step(grpo.state, mb, jnp.asarray(True))
+    float(metrics["loss"])
+
+  out = {"roofline_gflops": roofline}
+  flops = train_flops(cfg, rows_n, PROMPT_LEN, NEW_TOKENS)
+  for name, fn, f in (("forward", fwd, flops / 3), ("grad", grad, flops), ("update", step, flops)):
+    t0 = time.perf_counter()
+    fn()
+    compile_s = time.perf_counter() - t0
+    fn()
+    t, times = median_time(fn, reps)
+    out[name] = {"seconds": t, "min": min(times), "max": max(times), "gflops": f / t / 1e9,
+                 "fraction": f / t / 1e9 / roofline, "first_call_s": compile_s}
+  out["update_gflop"] = flops / 1e9
+  out["update_compiles"] = grpo.update_step._cache_size()
+  return out
+
+
+def run_flag_set(name: str, flags: str, reps: int) -> dict:
+  env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
+                                                          flags])))
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--reps", str(reps)]
+  proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                        cwd=os.path.dirname(os.path.abspath(__file__)))
+  lines = [x for x in proc.stdout.splitlines() if x.startswith("WORKER ")]
+  if proc.returncode != 0 or not lines:
+    err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    print(f"{name:24s} unsupported or failed: {err[:150]}", flush=True)
+    return {"error": err[:300]}
+  res = json.loads(lines[-1][len("WORKER "):])
+  u, fw, g = res["update"], res["forward"], res["grad"]
+  print(f"{name:24s} roofline {res['roofline_gflops']:6.1f} GFLOP/s | forward {fw['seconds']:.2f}s "
+        f"({fw['fraction']:.0%}) | grad {g['seconds']:.2f}s ({g['fraction']:.0%}) | update "
+        f"{u['seconds']:.2f}s = {u['gflops']:.1f} GFLOP/s ({u['fraction']:.0%} of roofline)",
+        flush=True)
+  return res
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--reps", type=int, default=5)
+  parser.add_argument("--flags", default="all", help="all | comma list of " + ",".join(FLAG_SETS))
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.worker:
+    print("WORKER " + json.dumps(worker(args.reps)))
+    return
+  names = list(FLAG_SETS) if args.flags == "all" else args.flags.split(",")
+  load_before = os.getloadavg()
+  print(f"load average {load_before[0]:.1f} on {os.cpu_count()} cores; XLA_FLAGS per run:")
+  results = {name: run_flag_set(name, FLAG_SETS[name], args.reps) for name in names}
+  base = results.get("baseline") or next(r for r in results.values() if "error" not in r)
+  ok = {k: r for k, r in results.items() if "error" not in r}
+  best = min(ok, key=lambda k: ok[k]["update"]["seconds"])
+  frac = base["update"]["fraction"]
+  res = {
+      "metric": "update_flop_utilisation", "rljax": round(frac, 4),
+      "peer": round(base["roofline_gflops"], 1), "ratio": round(frac / TARGET, 3),
+      "update_seconds": round(base["update"]["seconds"], 3),
+      "update_gflops": round(base["update"]["gflops"], 1),
+      "update_gflop": round(base["update_gflop"], 1),
+      "forward_fraction": round(base["forward"]["fraction"], 4),
+      "grad_fraction": round(base["grad"]["fraction"], 4),
+      "update_compiles": base["update_compiles"], "target": TARGET,
+      "flags": {k: (round(r["update"]["seconds"], 3) if "error" not in r else "unsupported")
+                for k, r in results.items()},
+      "best_flags": FLAG_SETS[best] or "(none)",
+      "loadavg_before": [round(x, 2) for x in load_before],
+      "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+  }
+  print(f"\nbaseline: update {res['update_seconds']:.2f} s for {res['update_gflop']:.1f} GFLOP = "
+        f"{res['update_gflops']:.1f} GFLOP/s = {frac:.1%} of the {res['peer']:.0f} GFLOP/s "
+        f"matmul roofline (target {TARGET:.0%}); fastest update with {best}")
+  print("RESULT " + json.dumps(res))
+
+
+if __name__ == "__main__":
+  main()
