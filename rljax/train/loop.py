@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax import sampling
+from rljax import parallel, sampling
+from rljax.models.heads import ValueModel
 from rljax.ops.shaping import RunningMoments
 from rljax.train import checkpoint, metrics, sft
 from rljax.train.evaluate import evaluate
@@ -66,8 +67,13 @@ def _evaluate(setup, state, seed_key):
 
 
 def _fresh_state(setup):
+  """SFT warm start; a PPO critic starts from the SFT policy's trunk (seed 001)."""
   c = setup.config
   actor = sft.warm_start(setup, setup.initial_actor)
+  if setup.initial_critic is not None:
+    policy = nnx.merge(setup.actor_graphdef, actor)
+    critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(c.run.seed + 1))
+    setup.initial_critic = nnx.state(parallel.shard_model(critic, setup.mesh))
   with_ref = c.algo.kl_placement != "none"
   return init_state(setup, actor, with_reference=with_ref)
 
