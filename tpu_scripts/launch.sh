@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Launch one rljax experiment on every worker of a TPU VM (one process per host).
+#
+#   tpu_scripts/launch.sh --name rljax-v4 --zone us-central2-b \
+#       --config experiments/grpo.py --run-dir gs://BUCKET/runs/grpo-v4 \
+#       [--log runs/grpo-v4.log] [--detach] [--dry-run] [-- --config.run.iterations=200 ...]
+#
+# Runs `rljax train --config CONFIG --config.run.dir=RUN_DIR [overrides]` in ~/rljax on all
+# workers. Each process first calls jax.distributed.initialize(), which on TPU VMs finds
+# the coordinator, the number of processes and its own index from the TPU metadata.
+# Checkpoints go to RUN_DIR (orbax writes gs:// paths collectively from all hosts).
+# Default: stream every worker's output to this terminal and append it to --log.
+# --detach: start the run under nohup on the workers (log in ~/rljax-run.log on each),
+# then follow it with logs.sh; the run survives a dropped ssh connection.
+set -euo pipefail
+# shellcheck source=tpu_scripts/common.sh
+source "$(dirname "$0")/common.sh"
+
+CONFIG=""
+RUN_DIR=""
+LOG=""
+DETACH=0
+REMOTE_LOG="rljax-run.log"
+OVERRIDES=()
+
+usage() {
+  sed -n '2,15p' "$0"
+  exit "${1:-0}"
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --name) TPU_NAME="$2"; shift 2 ;;
+    --zone) TPU_ZONE="$2"; shift 2 ;;
+    --project) GCP_PROJECT="$2"; shift 2 ;;
+    --config) CONFIG="$2"; shift 2 ;;
+    --run-dir) RUN_DIR="$2"; shift 2 ;;
+    --log) LOG="$2"; shift 2 ;;
+    --detach) DETACH=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage 0 ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    *) echo "unknown argument: $1" >&2; usage 2 ;;
+  esac
+done
+require --name "${TPU_NAME}"
+require --zone "${TPU_ZONE}"
+require --config "${CONFIG}"
+require --run-dir "${RUN_DIR}"
+[[ "${RUN_DIR}" == gs://* ]] || echo "warning: --run-dir ${RUN_DIR} is not a gs:// path;" \
+  "each host would write its own local copy" >&2
+LOG="${LOG:-runs/$(basename "${RUN_DIR}").log}"
+
+# `python -m rljax train ...`, preceded by jax.distributed.initialize() (TPU auto-detection).
+entry="import sys, jax; jax.distributed.initialize(); from rljax.cli import main; main(sys.argv[1:])"
+train=(python3 -c "${entry}" train --config "${CONFIG}" "--config.run.dir=${RUN_DIR}"
+       "${OVERRIDES[@]}")
+train_cmd="$(printf '%q ' "${train[@]}")"
+
+if [[ "${DETACH}" == "1" ]]; then
+  remote="cd ~/rljax && nohup ${train_cmd} > ~/${REMOTE_LOG} 2>&1 < /dev/null &"
+  echo "Starting ${CONFIG} detached on all workers of ${TPU_NAME}; run dir ${RUN_DIR}"
+  tpu_ssh "${remote}" all
+  echo "Follow it with: tpu_scripts/logs.sh --name ${TPU_NAME} --zone ${TPU_ZONE}"
+  exit 0
+fi
+
+mkdir -p "$(dirname "${LOG}")"
+echo "Running ${CONFIG} on all workers of ${TPU_NAME}; run dir ${RUN_DIR}; log ${LOG}"
+remote="cd ~/rljax && ${train_cmd} 2>&1"
+if [[ "${DRY_RUN}" == "1" ]]; then
+  tpu_ssh "${remote}" all
+else
+  tpu_ssh "${remote}" all 2>&1 | tee -a "${LOG}"
+fi
