@@ -102,14 +102,13 @@ def kwise_ranking_loss(scores_bk, ranks_bk, mask_bk):
   m = mask_bk > 0
   first_wins = r[:, first] < r[:, second]  # [B,C]
   valid = m[:, first] & m[:, second] & (r[:, first] != r[:, second])
-  diff = jnp.where(first_wins, s[:, first] - s[:, second], s[:, second] - s[:, first])
-  diff = jnp.where(valid, diff, 0.0)  # masked pairs: no value, no gradient
-  pair_loss, _ = bradley_terry_loss(diff.reshape(-1), jnp.zeros(diff.size, jnp.float32))
-  pair_loss = pair_loss.reshape(diff.shape)
+  s_w = jnp.where(valid, jnp.where(first_wins, s[:, first], s[:, second]), 0.0)
+  s_l = jnp.where(valid, jnp.where(first_wins, s[:, second], s[:, first]), 0.0)
+  pair_loss, diag = bradley_terry_loss(s_w.reshape(-1), s_l.reshape(-1))  # masked: 0, no grad
   n = valid.sum(axis=1).astype(jnp.float32)
   denom = jnp.maximum(n, 1.0)
-  loss_b = jnp.where(valid, pair_loss, 0.0).sum(axis=1) / denom
-  acc_b = jnp.where(valid & (diff > 0), 1.0, 0.0).sum(axis=1) / denom
+  loss_b = jnp.where(valid, pair_loss.reshape(valid.shape), 0.0).sum(axis=1) / denom
+  acc_b = jnp.where(valid, diag.accuracy_b.reshape(valid.shape), 0.0).sum(axis=1) / denom
   return loss_b, KwiseDiagnostics(acc_b, n)
 
 
