@@ -147,19 +147,19 @@ def test_chi_square_first_token_through_generate(model):
 
 
 @pytest.mark.parametrize("axes", [dict(data=8), dict(data=2, fsdp=2, tensor=2)])
-def test_sharded_on_8_devices_equals_unsharded(model, axes):
+def test_sharded_on_8_devices_equals_unsharded(model, rollout, axes):
   assert jax.device_count() == 8
   mesh = make_mesh(**axes)
   tokens, mask = _prompts([3, 7, 1, 5], width=7)
-  sp = SAMPLING.replace(n=4)
-  base = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(9))
-  sharded = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(9), mesh=mesh)
-  np.testing.assert_array_equal(sharded.tokens, base.tokens)
-  np.testing.assert_allclose(sharded.logp, base.logp, atol=1e-5)
+  kwargs = dict(sampling=SAMPLING, rng=jax.random.key(0), pad_id=PAD, mesh=mesh)
+  sharded = generate(model, tokens, mask, **kwargs)
+  assert len(sharded.tokens.sharding.device_set) == 8
+  np.testing.assert_array_equal(sharded.tokens, rollout.tokens)
+  np.testing.assert_allclose(sharded.logp, rollout.logp, atol=1e-5)
   sharded_model = shard_model(nnx.merge(*nnx.split(model)), mesh)   # pre-sharded parameters
   assert replicated_fraction(sharded_model) < 1.0 or axes == dict(data=8)
-  again = generate(sharded_model, tokens, mask, sampling=sp, rng=jax.random.key(9), mesh=mesh)
-  np.testing.assert_array_equal(again.tokens, base.tokens)
+  again = generate(sharded_model, tokens, mask, **kwargs)
+  np.testing.assert_array_equal(again.tokens, rollout.tokens)
 
 
 def test_bf16_sampler_is_close_to_but_not_equal_to_fp32(model, rollout):
