@@ -98,10 +98,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     else:
       reply, status = {"error": "no such judge"}, 500
     data = (reply if isinstance(reply, str) else json.dumps(reply)).encode()
-    self.send_response(status)
-    self.send_header("Content-Length", str(len(data)))
-    self.end_headers()
-    self.wfile.write(data)
+    try:
+      self.send_response(status)
+      self.send_header("Content-Length", str(len(data)))
+      self.end_headers()
+      self.wfile.write(data)
+    except (BrokenPipeError, ConnectionResetError):  # /slow: the client gave up already
+      pass
 
   def log_message(self, *args):
     pass
