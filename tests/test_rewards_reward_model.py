@@ -222,12 +222,15 @@ def test_critic_initialised_from_reward_model_equals_score_at_eos(data, trained)
 def test_scorer_matches_batched_scores_and_composes(task, data, trained):
   model, _ = trained
   scorer = rm.RewardModelScorer(model, TOK, batch_size=8, buckets=(64,))
+  scorer.warmup(64, rows=(1, 8))
+  compiled = rm._score_rows._cache_size()
   prompts = task.heldout_prompts()[:3]
   completions = [task.demonstration(p) for p in prompts] + ["3+", "1\n<answer>2</answer>"]
   prompts = prompts + prompts[:2]
   batch = scorer.score_batch(prompts, completions)
   singles = np.array([scorer(p, c) for p, c in zip(prompts, completions)])
   np.testing.assert_allclose(batch, singles, rtol=1e-5, atol=1e-5)
+  assert rm._score_rows._cache_size() == compiled  # warmup compiled every program used
   ids = [rm.encode_sequence(TOK, p.text, c) for p, c in zip(prompts, completions)]
   tokens = np.zeros((5, 64), np.int32)
   attention = np.zeros((5, 64), np.int32)

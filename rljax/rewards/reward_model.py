@@ -430,6 +430,15 @@ class RewardModelScorer:
   def __call__(self, prompt: Any, completion: str) -> float:
     return float(self.score_batch([prompt], [completion])[0])
 
+  def warmup(self, max_tokens: int, *, rows: Sequence[int] = (1,)) -> None:
+    """Compiles every (rows, length bucket <= bucket(max_tokens)) program now, so that a
+    reward deadline (e.g. `compose(timeout=...)`) never includes compilation."""
+    top = bucket_length(min(max_tokens, self.max_len), self.buckets)
+    for r in rows:
+      for s in (b for b in self.buckets if b <= top):
+        zeros = np.zeros((r, s), np.int32)
+        _score_rows(self._graphdef, self._state, zeros, zeros).block_until_ready()
+
   def score_batch(self, prompts: Sequence[Any], completions: Sequence[str]) -> np.ndarray:
     """r(x_i, y_i) for B pairs (prompts: `Prompt`s or texts) -> float32 [B]."""
     if len(prompts) != len(completions):
