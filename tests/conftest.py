@@ -12,6 +12,15 @@ _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
+# One persistent compilation cache per test session (inherited by subprocesses): the
+# end-to-end tests compile the same tiny programs many times.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-jax-cache-")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
 import hypothesis  # noqa: E402
 
 hypothesis.settings.register_profile("rljax", max_examples=40, deadline=None, derandomize=True)
