@@ -14,6 +14,7 @@ from rljax.data import CharTokenizer, make_task, parse_answer_tag
 from rljax.models import RewardModel, ValueModel, last_token_index, positions_from_mask
 from rljax.models.testing import tiny_config
 from rljax.rewards import compose
+from rljax.rewards import preferences as prefs
 from rljax.rewards import reward_model as rm
 
 # ----------------------------------------------------------------------------- losses
@@ -116,16 +117,16 @@ def task():
 
 @pytest.fixture(scope="module")
 def data(task):
-  return rm.make_preference_data(task, TOK, n_prompts=256, k=5, seed=0)
+  return prefs.make_preference_data(task, TOK, n_prompts=256, k=5, seed=0)
 
 
 def test_preference_data_kinds_match_the_verifier_and_ranks(task, data):
   prompts = task.train_prompts()[:256]
   for i in range(20):
     kinds = data.train_kinds[i]
-    assert sorted(kinds) == sorted(rm.PREFERENCE_KINDS)
+    assert sorted(kinds) == sorted(prefs.PREFERENCE_KINDS)
     for j, kind in enumerate(kinds):
-      assert data.train["ranks"][i, j] == rm.PREFERENCE_KINDS.index(kind)
+      assert data.train["ranks"][i, j] == prefs.PREFERENCE_KINDS.index(kind)
       ids = data.train["tokens"][i, j][data.train["attention_mask"][i, j] > 0]
       assert ids[0] == TOK.bos_id and ids[-1] == TOK.eos_id
       text = TOK.decode(ids[1:])
@@ -145,7 +146,7 @@ def test_preference_data_heldout_is_disjoint_and_k_min_masks(task, data):
   assert data.heldout["tokens"].shape[1:] == data.train["tokens"].shape[1:]
   train_texts = {p.text for p in task.train_prompts()[:256]}
   assert not train_texts & {p.text for p in task.heldout_prompts()}
-  small = rm.make_preference_data(task, TOK, n_prompts=40, k=4, k_min=2, seed=1)
+  small = prefs.make_preference_data(task, TOK, n_prompts=40, k=4, k_min=2, seed=1)
   counts = small.train["mask"].sum(axis=1)
   assert counts.min() == 2 and counts.max() == 4
   for kinds, m, r in zip(small.train_kinds, small.train["mask"], small.train["ranks"]):

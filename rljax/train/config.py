@@ -67,6 +67,8 @@ def base_config() -> ConfigDict:
       format_weight=0.1,       # weight of the format reward in the total score
       reward_on_failure="score_failure",  # score_failure | raise (reward fn raised/hung/NaN)
       reward_timeout=10.0,     # seconds per reward call (0: no deadline)
+      reward_model_path="",    # a saved reward model (rljax.rewards.save_reward_model) ...
+      reward_model_weight=0.0,  # ... added to the verifier's score with this weight
   ))
 
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
@@ -150,6 +152,7 @@ def base_config() -> ConfigDict:
       value_clip=0.2,
       vf_coef=1.0,
       critic_warmup_iterations=0,
+      critic_init_path="",          # "": critic trunk from the SFT policy; else a reward model
       ptx_coef=0.0,                 # SFT loss on demonstrations mixed into the RL loss
   ))
 

@@ -67,10 +67,11 @@ def _evaluate(setup, state, seed_key):
 
 
 def _fresh_state(setup):
-  """SFT warm start; a PPO critic starts from the SFT policy's trunk (seed 001)."""
+  """SFT warm start; a PPO critic starts from a reward model (algo.critic_init_path, seed
+  001) or else from the SFT policy's trunk."""
   c = setup.config
   actor = sft.warm_start(setup, setup.initial_actor)
-  if setup.initial_critic is not None:
+  if setup.initial_critic is not None and not c.algo.critic_init_path:
     policy = nnx.merge(setup.actor_graphdef, actor)
     critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(c.run.seed + 1))
     setup.initial_critic = nnx.state(parallel.shard_model(critic, setup.mesh))

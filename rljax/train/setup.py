@@ -17,6 +17,7 @@ from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
 from rljax.models import Decoder, ModelConfig, load_hf
 from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
+from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
 from rljax.sampling import SamplingParams
 from rljax.train import advantages, objective, update
 from rljax.train.rollout import RolloutContext
@@ -55,12 +56,16 @@ def build_task(config):
                    format_weight=t.format_weight, **options)
 
 
-def task_rewards(task, config):
-  """Accuracy + weighted format reward of the task, with failure containment."""
+def task_rewards(task, config, tokenizer, max_tokens):
+  """Accuracy + weighted format reward of the task (+ a reward model), failures contained."""
   t = config.task
-  return compose([("accuracy", lambda p, c: task.score(p, c)["accuracy"], 1.0),
-                  ("format", lambda p, c: task.score(p, c)["format"], t.format_weight)],
-                 on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
+  terms = [("accuracy", lambda p, c: task.score(p, c)["accuracy"], 1.0),
+           ("format", lambda p, c: task.score(p, c)["format"], t.format_weight)]
+  if t.reward_model_path:
+    scorer = RewardModelScorer.from_checkpoint(t.reward_model_path, tokenizer)
+    scorer.warmup(max_tokens)   # compile before the per-call deadline applies
+    terms.append(("reward_model", scorer, t.reward_model_weight))
+  return compose(terms, on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
 
 
 def prompt_length(config, task, tokenizer, max_positions):
@@ -101,7 +106,9 @@ def build_models(config, tokenizer):
     actor = Decoder(model_cfg, rngs=rngs)
   check_vocab(tokenizer, model_cfg.vocab_size)
   critic = None
-  if config.algo.advantage == "gae":
+  if config.algo.advantage == "gae" and config.algo.critic_init_path:
+    critic = ValueModel.from_reward_model(load_reward_model(config.algo.critic_init_path))
+  elif config.algo.advantage == "gae":
     critic = ValueModel(model_cfg, rngs=nnx.Rngs(config.run.seed + 1))
   return actor, critic, model_cfg
 
@@ -128,7 +135,7 @@ def build(config) -> Setup:
   sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, n=s.n,
                             stop_tokens=(tokenizer.eos_id,))
-  reward_fn = task_rewards(task, config)
+  reward_fn = task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
                        reward_fn=reward_fn)
   actor_graphdef, actor_state = nnx.split(actor)
