@@ -27,7 +27,7 @@ def base_config() -> ConfigDict:
       iterations=60,           # RL iterations (rollout + update)
       save_every=20,           # checkpoint every N iterations (0: only at the end)
       keep_checkpoints=3,      # keep the last K checkpoints
-      eval_every=20,           # held-out evaluation every N iterations (0: only before/after)
+      eval_every=15,           # held-out evaluation every N iterations (0: only before/after)
       progress=True,           # tqdm progress bar
       plots=True,              # PNG plots at the end of the run
       tensorboard=True,
@@ -73,7 +73,7 @@ def base_config() -> ConfigDict:
 
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
   c.sft = ConfigDict(dict(
-      steps=300,
+      steps=800,
       batch_size=32,
       lr=3e-3,
       warmup_steps=20,
@@ -81,8 +81,8 @@ def base_config() -> ConfigDict:
   ))
 
   c.sampling = ConfigDict(dict(
-      prompts_per_iteration=16,
-      n=8,                     # G: completions per prompt
+      prompts_per_iteration=32,
+      n=4,                     # G: completions per prompt
       max_new_tokens=48,
       temperature=1.0,
       top_k=0,

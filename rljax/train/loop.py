@@ -106,15 +106,15 @@ def train(config, *, stop_after=None):
     step, state, host = restored
     moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
     setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
-    start, acc_before = int(state.iteration), host["heldout_acc_before"]
+    start, before = int(state.iteration), host["heldout_before"]
     print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {run_dir}")
   else:
     start = 0
-    acc_before = _evaluate(setup, state, eval_key)["accuracy"]
+    before = _evaluate(setup, state, eval_key)
   writer.truncate_after(start)
 
   def host_state():
-    return {"heldout_acc_before": acc_before, "reward_moments": [float(x) for x in moments],
+    return {"heldout_before": before, "reward_moments": [float(x) for x in moments],
             "prompt_sampler": _jsonable(setup.prompt_sampler.state_dict())}
 
   iterations = range(start, c.run.iterations)
@@ -155,9 +155,10 @@ def train(config, *, stop_after=None):
   writer.close()
   if c.run.plots:
     metrics.plot_run(run_dir)
-  result = {"heldout_acc_before": acc_before, "heldout_acc_after": after["accuracy"],
+  result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],
             "wall_s": round(time.perf_counter() - t_start, 1),
             "iterations": int(state.iteration)}
   result.update({f"heldout_{k}": v for k, v in after.items() if k != "accuracy"})
+  result.update({f"heldout_{k}_before": v for k, v in before.items() if k != "accuracy"})
   (run_dir / "result.json").write_text(json.dumps(result, indent=2))
   return result
