@@ -58,6 +58,9 @@ def main(argv=None):
   if not argv or argv[0] not in COMMANDS:
     print(__doc__)
     raise SystemExit(f"usage: rljax {{{','.join(COMMANDS)}}} ...")
+  from rljax.parallel import initialize_distributed
+
+  initialize_distributed()   # multi-host (JAX_* env, SLURM, MPI, TPU pod); no-op otherwise
   COMMANDS[argv[0]](argv[1:])
 
 
