@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 from rljax import analysis
 from rljax.analysis.runs import load_batch
@@ -31,7 +32,8 @@ def _parse_sets(items):
 def summarize(result, records):
   """One table row from a run's RESULT dict and its metric records."""
   last = records[-1] if records else {}
-  k = max((int(key.split("@")[1]) for key in result if key.startswith("heldout_pass@")), default=0)
+  k = max((int(m.group(1)) for m in map(re.compile(r"heldout_pass@(\d+)$").match, result) if m),
+          default=0)
   eff = [r["train/effective_batch"] for r in records if "train/effective_batch" in r]
   return {
       "heldout_acc_before": result["heldout_acc_before"],
