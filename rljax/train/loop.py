@@ -122,35 +122,40 @@ def train(config, *, stop_after=None):
     from tqdm import tqdm
     iterations = tqdm(iterations, desc="RL", initial=start, total=c.run.iterations)
   done = 0
-  with _StopFlag() as stop:
-    for it in iterations:
-      model = nnx.merge(setup.actor_graphdef, state.actor)
-      state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
-      if int(state.nonfinite_in_row) >= c.run.max_nonfinite_in_row:
-        raise FloatingPointError(
-            f"{int(state.nonfinite_in_row)} updates in a row had a non-finite loss or gradient "
-            f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last good "
-            f"checkpoint in {ckpt.directory} is intact.")
-      m["compile/programs"] = compile_count(setup, fns)
-      m["update/skipped_total"] = int(state.skipped_updates)
-      if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
-        m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
-      writer.write(it + 1, m)
-      if c.run.progress:
-        iterations.set_postfix(reward=f"{m['train/reward']:.2f}",
-                               acc=f"{m['train/accuracy']:.2f}",
-                               ent=f"{m['update/entropy']:.2f}",
-                               len=f"{m['train/response_length_mean']:.1f}")
-      done += 1
-      last = it + 1 == c.run.iterations
-      interrupted = stop.raised or (stop_after is not None and done >= stop_after)
-      if last or interrupted or (c.run.save_every and (it + 1) % c.run.save_every == 0):
-        ckpt.save(it + 1, state, host_state())
-      if last:
-        save_analysis_batch(fns, state, upd, run_dir / "analysis_batch.npz")
-      if interrupted:
-        break
-  ckpt.close()
+  try:
+    with _StopFlag() as stop:
+      for it in iterations:
+        model = nnx.merge(setup.actor_graphdef, state.actor)
+        state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
+        skipped_in_row = int(state.nonfinite_in_row)
+        if skipped_in_row >= c.run.max_nonfinite_in_row:
+          raise FloatingPointError(
+              f"{skipped_in_row} updates in a row had a non-finite loss or gradient "
+              f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last "
+              f"good checkpoint in {ckpt.directory} is intact.")
+        m["compile/programs"] = compile_count(setup, fns)
+        m["update/skipped_total"] = int(state.skipped_updates)
+        if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
+          m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
+        writer.write(it + 1, m)
+        if c.run.progress:
+          iterations.set_postfix(reward=f"{m['train/reward']:.2f}",
+                                 acc=f"{m['train/accuracy']:.2f}",
+                                 ent=f"{m['update/entropy']:.2f}",
+                                 len=f"{m['train/response_length_mean']:.1f}")
+        done += 1
+        last = it + 1 == c.run.iterations
+        interrupted = stop.raised or (stop_after is not None and done >= stop_after)
+        periodic = c.run.save_every and (it + 1) % c.run.save_every == 0
+        # A state right after a skipped (non-finite) update is never checkpointed.
+        if skipped_in_row == 0 and (last or interrupted or periodic):
+          ckpt.save(it + 1, state, host_state())
+        if last:
+          save_analysis_batch(fns, state, upd, run_dir / "analysis_batch.npz")
+        if interrupted:
+          break
+  finally:
+    ckpt.close()   # waits for an asynchronous save in flight, even when stopping on an error
   after = _evaluate(setup, state, eval_key)
   writer.close()
   if c.run.plots:
