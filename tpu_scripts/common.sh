@@ -9,6 +9,33 @@ TPU_NAME="${TPU_NAME:-}"
 TPU_ZONE="${TPU_ZONE:-}"
 GCP_PROJECT="${GCP_PROJECT:-}"
 
+# Prints the script's header comment (its usage) and exits with status $1.
+usage() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+  exit "${1:-0}"
+}
+
+# Handles a flag every script takes (--name --zone --project --dry-run --help); sets SHIFT
+# to the number of arguments it used, 0 when the flag is the script's own.
+common_flag() {
+  SHIFT=0
+  case "$1" in
+    --name) TPU_NAME="${2:-}"; SHIFT=2 ;;
+    --zone) TPU_ZONE="${2:-}"; SHIFT=2 ;;
+    --project) GCP_PROJECT="${2:-}"; SHIFT=2 ;;
+    --dry-run) DRY_RUN=1; SHIFT=1 ;;
+    -h|--help) usage 0 ;;
+  esac
+  if (( SHIFT > $# )); then
+    die "$1 needs a value"
+  fi
+}
+
+unknown_argument() {
+  echo "unknown argument: $1" >&2
+  usage 2
+}
+
 die() {
   echo "error: $*" >&2
   exit 2

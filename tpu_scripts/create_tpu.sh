@@ -14,23 +14,15 @@ TPU_VERSION="${TPU_VERSION:-tpu-ubuntu2204-base}"
 QUEUED=0
 SPOT=0
 
-usage() {
-  sed -n '2,8p' "$0"
-  exit "${1:-0}"
-}
-
 while [[ $# -gt 0 ]]; do
+  common_flag "$@"
+  if (( SHIFT )); then shift "${SHIFT}"; continue; fi
   case "$1" in
-    --name) TPU_NAME="$2"; shift 2 ;;
-    --zone) TPU_ZONE="$2"; shift 2 ;;
     --accelerator) TPU_TYPE="$2"; shift 2 ;;
     --version) TPU_VERSION="$2"; shift 2 ;;
-    --project) GCP_PROJECT="$2"; shift 2 ;;
     --queued) QUEUED=1; shift ;;
     --spot) SPOT=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) usage 0 ;;
-    *) echo "unknown argument: $1" >&2; usage 2 ;;
+    *) unknown_argument "$1" ;;
   esac
 done
 require --name "${TPU_NAME}"

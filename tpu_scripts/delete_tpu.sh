@@ -11,21 +11,13 @@ source "$(dirname "$0")/common.sh"
 QUEUED=0
 YES=0
 
-usage() {
-  sed -n '2,7p' "$0"
-  exit "${1:-0}"
-}
-
 while [[ $# -gt 0 ]]; do
+  common_flag "$@"
+  if (( SHIFT )); then shift "${SHIFT}"; continue; fi
   case "$1" in
-    --name) TPU_NAME="$2"; shift 2 ;;
-    --zone) TPU_ZONE="$2"; shift 2 ;;
-    --project) GCP_PROJECT="$2"; shift 2 ;;
     --queued) QUEUED=1; shift ;;
     --yes) YES=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) usage 0 ;;
-    *) echo "unknown argument: $1" >&2; usage 2 ;;
+    *) unknown_argument "$1" ;;
   esac
 done
 require --name "${TPU_NAME}"

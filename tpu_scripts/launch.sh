@@ -23,24 +23,16 @@ DETACH=0
 REMOTE_LOG="rljax-run.log"
 OVERRIDES=()
 
-usage() {
-  sed -n '2,15p' "$0"
-  exit "${1:-0}"
-}
-
 while [[ $# -gt 0 ]]; do
+  common_flag "$@"
+  if (( SHIFT )); then shift "${SHIFT}"; continue; fi
   case "$1" in
-    --name) TPU_NAME="$2"; shift 2 ;;
-    --zone) TPU_ZONE="$2"; shift 2 ;;
-    --project) GCP_PROJECT="$2"; shift 2 ;;
     --config) CONFIG="$2"; shift 2 ;;
     --run-dir) RUN_DIR="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
     --detach) DETACH=1; shift ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) usage 0 ;;
     --) shift; OVERRIDES=("$@"); break ;;
-    *) echo "unknown argument: $1" >&2; usage 2 ;;
+    *) unknown_argument "$1" ;;
   esac
 done
 require --name "${TPU_NAME}"

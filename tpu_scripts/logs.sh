@@ -15,22 +15,14 @@ LINES=200
 LOG=""
 REMOTE_LOG="rljax-run.log"
 
-usage() {
-  sed -n '2,9p' "$0"
-  exit "${1:-0}"
-}
-
 while [[ $# -gt 0 ]]; do
+  common_flag "$@"
+  if (( SHIFT )); then shift "${SHIFT}"; continue; fi
   case "$1" in
-    --name) TPU_NAME="$2"; shift 2 ;;
-    --zone) TPU_ZONE="$2"; shift 2 ;;
-    --project) GCP_PROJECT="$2"; shift 2 ;;
     --worker) WORKER="$2"; shift 2 ;;
     --lines) LINES="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) usage 0 ;;
-    *) echo "unknown argument: $1" >&2; usage 2 ;;
+    *) unknown_argument "$1" ;;
   esac
 done
 require --name "${TPU_NAME}"
