@@ -124,3 +124,13 @@ def test_microbatch_split_does_not_change_the_update(spec, agg, tmp_path):
   for key in ("loss", "pg_loss", "grad_norm"):
     np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p4)
+
+
+def test_eval_command_restores_the_latest_checkpoint(tmp_path):
+  from rljax.train.ablate import evaluate_run
+
+  config = micro_config("grpo", tmp_path, **{"run.iterations": 1})
+  result = train(config)
+  again = evaluate_run(tmp_path / "grpo")
+  assert again["accuracy"] == result["heldout_acc_after"]
+  assert set(again) >= {"accuracy", "avg@2", "pass@1", "pass@2"}

@@ -122,14 +122,15 @@ def evaluate_run(run_dir):
   from rljax.train import checkpoint
   from rljax.train.config import ConfigDict
   from rljax.train.evaluate import evaluate
-  from rljax.train.loop import _fresh_state
-  from rljax.train.setup import build
+  from rljax.train.setup import build, init_state
 
   run_dir = pathlib.Path(run_dir)
   config = ConfigDict(json.loads((run_dir / "config.json").read_text()))
   setup = build(config)
   ckpt = checkpoint.Checkpointer(run_dir, keep=config.run.keep_checkpoints)
-  restored = ckpt.restore_latest(_fresh_state(setup))
+  template = init_state(setup, setup.initial_actor,
+                        with_reference=config.algo.kl_placement != "none")
+  restored = ckpt.restore_latest(template)
   if restored is None:
     raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints")
   _, state, _ = restored

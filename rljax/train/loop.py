@@ -98,19 +98,7 @@ def train(config, *, stop_after=None):
   fns = ForwardFns(setup)
   eval_key = jax.random.key(c.run.seed + 7)
 
-  state = _fresh_state(setup)
-  compile_update(setup, state)
-  restored = ckpt.restore_latest(state)
-  moments = RunningMoments.create()
-  if restored is not None:
-    step, state, host = restored
-    moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
-    setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
-    start, before = int(state.iteration), host["heldout_before"]
-    print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {run_dir}")
-  else:
-    start = 0
-    before = _evaluate(setup, state, eval_key)
+  state, moments, start, before = _start(setup, ckpt, eval_key)
   writer.truncate_after(start)
 
   def host_state():
@@ -156,9 +144,35 @@ def train(config, *, stop_after=None):
           break
   finally:
     ckpt.close()   # waits for an asynchronous save in flight, even when stopping on an error
-  after = _evaluate(setup, state, eval_key)
   writer.close()
-  if c.run.plots:
+  return _finish(setup, state, before, _evaluate(setup, state, eval_key), t_start)
+
+
+def _start(setup, ckpt, eval_key):
+  """(state, reward moments, first iteration, held-out metrics before RL).
+
+  Resumes from the newest readable checkpoint (restored into a template with the right
+  structure and shardings, so no SFT is redone); otherwise SFT warm start and evaluation.
+  """
+  with_ref = setup.config.algo.kl_placement != "none"
+  template = init_state(setup, setup.initial_actor, with_reference=with_ref)
+  compile_update(setup, template)
+  restored = ckpt.restore_latest(template)
+  if restored is None:
+    state = _fresh_state(setup)
+    return state, RunningMoments.create(), 0, _evaluate(setup, state, eval_key)
+  step, state, host = restored
+  setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
+  start = int(state.iteration)
+  print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {ckpt.directory}")
+  moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
+  return state, moments, start, host["heldout_before"]
+
+
+def _finish(setup, state, before, after, t_start):
+  """Plots, result.json and the RESULT dict."""
+  run_dir = pathlib.Path(setup.config.run.dir)
+  if setup.config.run.plots:
     metrics.plot_run(run_dir)
   result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],
             "wall_s": round(time.perf_counter() - t_start, 1),
