@@ -61,6 +61,7 @@ def base_config() -> ConfigDict:
       heldout_size=128,
       digits=1,                # arithmetic: digits per operand
       jsonl_path="",           # for name == "jsonl": rows {"prompt", "answer"[, "solution"]}
+      chat_template=False,     # wrap prompts in the HF tokenizer's chat template (instruct models)
       long_prompts="reject",   # reject | truncate (keep the last tokens) prompts that do not fit
       prompt_sampler="uniform",  # uniform | curriculum | prioritized
       curriculum_steps=40,     # curriculum: iterations to move from easiest to hardest

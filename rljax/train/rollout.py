@@ -17,6 +17,15 @@ from rljax.data.buffer import DynamicSamplingBuffer, DynamicSamplingError
 from rljax.sampling import SamplingParams, generate
 
 
+def prompt_ids(tokenizer, text, *, chat_template=False):
+  """Token ids of one prompt: `[bos] + text` (no bos when the tokenizer has none, e.g.
+  Qwen), or the text as one user turn of the tokenizer's chat template (which brings its
+  own special tokens) followed by the assistant header."""
+  if chat_template:
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+  return ([] if tokenizer.bos_id is None else [tokenizer.bos_id]) + tokenizer.encode(text)
+
+
 @dataclasses.dataclass
 class RolloutContext:
   """What a rollout needs besides the policy (built once per run)."""
@@ -26,12 +35,16 @@ class RolloutContext:
   prompt_len: int
   sampling: SamplingParams
   reward_fn: object          # rljax.rewards.base.Composite: (prompts, texts) -> ComposedRewards
+  chat_template: bool = False
+
+  def prompt_ids(self, prompt):
+    """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""
+    return prompt_ids(self.tokenizer, prompt.text,
+                      chat_template=self.chat_template)[-self.prompt_len:]
 
 
 def encode_prompts(ctx: RolloutContext, prompts):
-  # Left truncation keeps the end of a prompt (only reached with task.long_prompts="truncate").
-  ids = [([ctx.tokenizer.bos_id] + ctx.tokenizer.encode(p.text))[-ctx.prompt_len:]
-         for p in prompts]
+  ids = [ctx.prompt_ids(p) for p in prompts]
   return left_pad(ids, pad_id=ctx.tokenizer.pad_id, length=ctx.prompt_len)
 
 

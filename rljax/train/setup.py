@@ -20,7 +20,7 @@ from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
 from rljax.sampling import SamplingParams
 from rljax.train import advantages, objective, update
-from rljax.train.rollout import RolloutContext
+from rljax.train.rollout import RolloutContext, prompt_ids
 from rljax.train.validate import ConfigError
 
 
@@ -76,7 +76,8 @@ def prompt_length(config, task, tokenizer, max_positions):
   """
   limit = max_positions - config.sampling.max_new_tokens
   prompts = task.train_prompts() + task.heldout_prompts()
-  lengths = [len(tokenizer.encode(p.text)) + 1 for p in prompts]   # + bos
+  chat = config.task.chat_template
+  lengths = [len(prompt_ids(tokenizer, p.text, chat_template=chat)) for p in prompts]
   too_long = [p.id for p, n in zip(prompts, lengths) if n > limit]
   if too_long and config.task.long_prompts == "reject":
     raise ConfigError(
@@ -137,7 +138,7 @@ def build(config) -> Setup:
                             stop_tokens=(tokenizer.eos_id,))
   reward_fn = task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
-                       reward_fn=reward_fn)
+                       reward_fn=reward_fn, chat_template=config.task.chat_template)
   actor_graphdef, actor_state = nnx.split(actor)
   critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
   spec = objective.loss_spec(config)

@@ -23,7 +23,7 @@ from rljax.train import objective, update
 def demonstration_batch(ctx, prompts, completion_len):
   """Prompt + demonstration rows in the rollout layout (prompt left-padded, completion right)."""
   tok = ctx.tokenizer
-  p_ids = [([tok.bos_id] + tok.encode(p.text))[-ctx.prompt_len:] for p in prompts]
+  p_ids = [ctx.prompt_ids(p) for p in prompts]
   prompt_tokens, prompt_mask = left_pad(p_ids, pad_id=tok.pad_id, length=ctx.prompt_len)
   tokens = np.full((len(prompts), completion_len), tok.pad_id, np.int32)
   mask = np.zeros((len(prompts), completion_len), np.int32)

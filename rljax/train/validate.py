@@ -138,6 +138,8 @@ def _check_combinations(errors, c):
   elif (batch // a.minibatches) % a.microbatches:
     errors.append(f"algo.microbatches={a.microbatches} must divide the minibatch size "
                   f"{batch // a.minibatches}")
+  if c.task.chat_template and not c.model.hf_path:
+    errors.append("task.chat_template=True needs a Hugging Face tokenizer (model.hf_path)")
   if c.task.name == "jsonl" and not c.task.jsonl_path:
     errors.append("task.jsonl_path is empty but task.name='jsonl'")
   if a.epochs < 1:
