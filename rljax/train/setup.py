@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +60,10 @@ def build_task(config):
 def task_rewards(task, config, tokenizer, max_tokens):
   """Accuracy + weighted format reward of the task (+ a reward model), failures contained."""
   t = config.task
-  terms = [("accuracy", lambda p, c: task.score(p, c)["accuracy"], 1.0),
-           ("format", lambda p, c: task.score(p, c)["format"], t.format_weight)]
+  # One verifier call per sample feeds both terms (math verification can be expensive).
+  score = functools.lru_cache(maxsize=4096)(task.score)
+  terms = [("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0),
+           ("format", lambda p, c: score(p, c)["format"], t.format_weight)]
   if t.reward_model_path:
     scorer = RewardModelScorer.from_checkpoint(t.reward_model_path, tokenizer)
     scorer.warmup(max_tokens)   # compile before the per-call deadline applies
