@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from rljax.sampling import SamplingParams, filter_logits, sample_tokens, truncated_log_softmax
-from rljax.sampling.filters import fast_argmax, min_p_keep, top_k_keep, top_p_keep
+from rljax.sampling.filters import fast_argmax, inverse_cdf_draw, min_p_keep, top_k_keep, top_p_keep
 
 
 def reference_probs(logits_v, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -194,3 +194,26 @@ def test_sampling_params_normalises_and_is_hashable():
   assert SamplingParams(max_new_tokens=2, greedy=True, temperature=0.0).greedy
   with pytest.raises(ValueError, match="SamplingParams.n"):
     sp.replace(n=0)
+
+
+def test_inverse_cdf_draw_matches_searchsorted_on_the_numpy_cdf():
+  """Inversion method by hand: token = first i with F_i >= u·F_V (np.searchsorted 'left')."""
+  rng = np.random.default_rng(5)
+  probs_bv = rng.random((64, 30)).astype(np.float32) * (rng.random((64, 30)) > 0.4)
+  probs_bv[:, 7] += 0.1                                  # every row has mass
+  u_b = rng.random(64).astype(np.float32) + np.float32(1e-7)
+  got = np.asarray(inverse_cdf_draw(jnp.asarray(probs_bv), jnp.asarray(u_b)))
+  cdf = np.cumsum(probs_bv.astype(np.float64), axis=-1)
+  want = [np.searchsorted(c, u * c[-1], side="left") for c, u in zip(cdf, u_b)]
+  np.testing.assert_array_equal(got, want)
+
+
+def test_inverse_cdf_draw_never_returns_a_zero_probability_token():
+  """Extreme uniforms (u = 1 exactly, u at the smallest float) with zeros at both ends."""
+  probs_v = np.array([0, 0, 0.2, 0, 0.5, 0.3, 0, 0], np.float32)
+  u_b = np.array([1.0, np.finfo(np.float32).tiny, 0.2, 0.2000001, 0.7, 0.70001, 0.5],
+                 np.float32)
+  got = np.asarray(inverse_cdf_draw(jnp.broadcast_to(jnp.asarray(probs_v), (7, 8)),
+                                    jnp.asarray(u_b)))
+  np.testing.assert_array_equal(got, [5, 2, 2, 4, 4, 5, 4])
+  assert np.all(probs_v[got] > 0)

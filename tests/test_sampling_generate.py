@@ -102,16 +102,40 @@ def test_same_key_same_tokens_independent_of_buckets(model, rollout):
   assert not np.array_equal(np.asarray(rollout.tokens)[0], np.asarray(rollout.tokens)[1])
 
 
-def test_predrawn_and_per_step_noise_give_the_same_tokens(model, rollout, monkeypatch):
-  """Small programs pre-draw all Gumbel noise; large ones draw per step: same values.
-
-  Also: the noise of step t does not depend on T, so a longer run extends the shorter one.
-  """
-  monkeypatch.setattr(sampler, "PREDRAW_MAX_ELEMENTS", 0)
+def test_a_longer_run_extends_the_shorter_one(model, rollout):
+  """Step t's uniforms depend on (rng, t, row) only, not on T."""
   tokens, mask = _prompts([3, 7, 1, 5], width=7)
   longer = generate(model, tokens, mask, sampling=SAMPLING.replace(max_new_tokens=13),
                     rng=jax.random.key(0), pad_id=PAD)
   np.testing.assert_array_equal(np.asarray(longer.tokens)[:, :12], rollout.tokens)
+
+
+def test_segment_ends_cover_every_step_once():
+  assert sampler.segment_ends(96) == [25, 49, 73, 96]
+  assert sampler.segment_ends(96, max_segments=1) == [96]
+  assert sampler.segment_ends(20) == [20]            # too short to split
+  for t_max in (1, 2, 17, 33, 100, 513):
+    ends = sampler.segment_ends(t_max)
+    assert ends[-1] == max(t_max, 1) and ends == sorted(set(ends)) and len(ends) <= 4
+
+
+def test_segmented_decode_equals_one_loop_and_teacher_forcing(model, monkeypatch):
+  """Decoding in while_loops over growing caches changes nothing but the cost."""
+  tokens, mask = _prompts([3, 7, 1, 5], width=7, seed=4)
+  sp = SAMPLING.replace(max_new_tokens=40, stop_tokens=(5,))
+  one = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
+  monkeypatch.setattr(sampler, "SEGMENT_MIN_CACHE_BYTES", 0)
+  assert len(sampler.segment_ends(40, max_segments=sampler.MAX_SEGMENTS)) == 2
+  seg = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
+  np.testing.assert_array_equal(seg.tokens, one.tokens)
+  np.testing.assert_array_equal(seg.mask, one.mask)
+  np.testing.assert_allclose(seg.logp, one.logp, atol=1e-6)
+  lengths = np.asarray(seg.mask).sum(1)
+  assert lengths.min() < 20 < lengths.max()       # stops in both segments, some run on
+  logits = _teacher_forced_logits(model, seg)
+  full = _chosen(jax.nn.log_softmax(logits / sp.temperature, axis=-1), seg.tokens)
+  m = np.asarray(seg.mask) > 0
+  np.testing.assert_allclose(np.asarray(seg.logp_full)[m], full[m], atol=1e-5)
 
 
 def test_no_recompile_for_new_params_and_prompts_in_the_same_bucket(model):

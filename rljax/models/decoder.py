@@ -31,6 +31,19 @@ class KVCache(NamedTuple):
     """S_max, the number of slots."""
     return self.k[0].shape[2]
 
+  @property
+  def nbytes(self) -> int:
+    """Bytes held by all layers' keys and values (static: shapes and dtypes only)."""
+    return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
+
+  def grow(self, max_len: int) -> KVCache:
+    """The same cache with zero slots appended up to `max_len` (one copy per array)."""
+    extra = max_len - self.max_len
+    if extra < 0:
+      raise ValueError(f"cannot shrink a KV cache from {self.max_len} to {max_len} slots")
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+    return KVCache(tuple(map(pad, self.k)), tuple(map(pad, self.v)))
+
 
 def positions_from_mask(attention_mask_bs):
   """RoPE positions for a (left- or right-) padded batch: cumsum(mask) - 1, clipped at 0.

@@ -133,9 +133,9 @@ class Attention(nnx.Module):
   def qkv(self, x_bsd, cos, sin):
     """Projects to queries [B,S,H,Dh] and keys/values [B,S,K,Dh], RoPE applied."""
     dt = self.cfg.compute_dtype
-    q = jnp.einsum("bsd,dhe->bshe", x_bsd, self.q[...].astype(dt))
-    k = jnp.einsum("bsd,dke->bske", x_bsd, self.k[...].astype(dt))
-    v = jnp.einsum("bsd,dke->bske", x_bsd, self.v[...].astype(dt))
+    q = _project_heads(x_bsd, self.q[...].astype(dt))
+    k = _project_heads(x_bsd, self.k[...].astype(dt))
+    v = _project_heads(x_bsd, self.v[...].astype(dt))
     if self.cfg.attention_bias:
       q = q + self.q_bias[...].astype(dt)
       k = k + self.k_bias[...].astype(dt)
@@ -166,10 +166,22 @@ class Attention(nnx.Module):
       probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
       out = jnp.einsum("bkgst,bktd->bskgd", probs, v_bkte).reshape(b, s, h, dh)
     dt = self.cfg.compute_dtype
-    y = jnp.einsum("bshe,hed->bsd", out, self.o[...].astype(dt))  # [B,S,D]
+    o_hed = self.o[...].astype(dt)
+    y = out.reshape(b, s, h * dh) @ o_hed.reshape(h * dh, o_hed.shape[-1])  # [B,S,D]
     if self.cfg.attention_out_bias:
       y = y + self.o_bias[...].astype(dt)
     return y
+
+
+def _project_heads(x_bsd, w_dhe):
+  """x W with W [D,H,Dh] -> [B,S,H,Dh], as one 2-D matmul over the flattened heads.
+
+  Same math as einsum("bsd,dhe->bshe"); the explicit [D, H·Dh] view is a free reshape,
+  whereas XLA CPU lowered the einsum (and the output projection's "bshe,hed") with a
+  transposed copy of the weight on every decode step.
+  """
+  d, h, dh = w_dhe.shape
+  return (x_bsd @ w_dhe.reshape(d, h * dh)).reshape(*x_bsd.shape[:-1], h, dh)
 
 
 def _one_query_attention(q_bkgd, k_bkte, v_bkte, mask_bt):
