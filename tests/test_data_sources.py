@@ -194,6 +194,11 @@ def test_tfds_source_gives_the_jsonl_task(tfds_dir, tmp_path):
   reference = JsonlTask(write_jsonl(tmp_path / "g.jsonl", gsm8k_rows(40)), **GSM8K)
   assert split_of(RecordsTask(rows, source="tiny_gsm", **GSM8K)) == split_of(reference)
   assert len(load_tfds_rows("tiny_gsm", split="test", data_dir=tfds_dir)) == 5
+  c = base_config()
+  apply_overrides(c, {"task.name": "tfds", "task.tfds_name": "tiny_gsm", "task.heldout_size": 64,
+                      "task.tfds_data_dir": tfds_dir, "task.prompt_field": "question",
+                      "task.solution_field": "answer", "task.answer_extractor": "gsm8k"})
+  assert split_of(build_task(validate(c, num_devices=1))) == split_of(reference)
   levels = [r["level"] for r in load_tfds_rows("tiny_gsm:1.0.0", split="train[:10]",
                                                 data_dir=tfds_dir)]
   assert len(levels) == 10 and set(levels) <= {0, 1, 2}
