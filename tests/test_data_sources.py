@@ -126,7 +126,8 @@ def test_hf_errors_name_the_field(hf, tmp_path):
   ds = hf.Dataset.from_list(rows)
   hf.DatasetDict({"train": ds, "dev": ds.select(range(2))}).save_to_disk(tmp_path / "dd")
   with pytest.raises(ValueError, match=r"task.prompt_field='problem'.*\['answer', 'question'\]"):
-    RecordsTask(load_hf_rows(str(tmp_path / "one")), source="x", prompt_field="problem")
+    RecordsTask(load_hf_rows(str(tmp_path / "one"), columns=["problem", "answer"]), source="x",
+                prompt_field="problem")
   with pytest.raises(ValueError, match=r"task.hf_split='test' is not a split.*\['dev', 'train'\]"):
     load_hf_rows(str(tmp_path / "dd"), split="test")
   jsonl = write_jsonl(tmp_path / "g.jsonl", rows)

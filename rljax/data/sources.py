@@ -15,9 +15,14 @@ HF_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".
                     ".arrow": "arrow"}
 
 
-def _keep(row: dict, columns: Sequence[str] | None) -> dict:
+def _decoded(row: dict, columns: Sequence[str] | None) -> dict:
   row = {k: v for k, v in row.items() if columns is None or k in columns}
   return {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in row.items()}
+
+
+def _columns_to_keep(columns: Sequence[str] | None, available: Sequence[str]) -> Sequence[str] | None:
+  """`columns` if all exist; else None (keep all, so a missing-field error lists them all)."""
+  return columns if columns is not None and set(columns) <= set(available) else None
 
 
 def _hf_from_disk(datasets, path: str, split: str):
@@ -42,7 +47,7 @@ def load_hf_rows(path: str, *, split: str = "train", config: str = "",
       (a hub name such as "openai/gsm8k", a local dataset directory or script).
     split: (task.hf_split) e.g. "train", "test[:200]"; a saved single `Dataset` is used whole.
     config: (task.hf_config) the dataset's configuration name ("main" for GSM8K), or "".
-    columns: keep only these columns (others, e.g. images, are dropped before reading).
+    columns: keep only these columns (others, e.g. images, are not read) when all exist.
   Returns:
     list of dicts (str values decoded from bytes).
   Raises:
@@ -72,11 +77,11 @@ def load_hf_rows(path: str, *, split: str = "train", config: str = "",
     raise ValueError(f"{where}: no such dataset, or it cannot be read: {e}") from e
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from e
-  if columns is not None:
-    ds = ds.select_columns([c for c in ds.column_names if c in columns])
+  if _columns_to_keep(columns, ds.column_names) is not None:
+    ds = ds.select_columns(list(columns))
   if len(ds) == 0:
     raise ValueError(f"{where}: the split is empty")
-  return [_keep(row, None) for row in ds]
+  return [_decoded(row, None) for row in ds]
 
 
 def load_tfds_rows(name: str, *, split: str = "train", data_dir: str = "",
@@ -88,7 +93,7 @@ def load_tfds_rows(name: str, *, split: str = "train", data_dir: str = "",
       dataset that is not prepared yet is downloaded and prepared in array_record format.
     split: (task.tfds_split) e.g. "train", "test[:10%]".
     data_dir: (task.tfds_data_dir) where prepared datasets live; "" for TFDS's default.
-    columns: keep only these top-level features.
+    columns: keep only these top-level features when all exist.
   Returns:
     list of dicts (bytes decoded to str).
   Raises:
@@ -114,4 +119,5 @@ def load_tfds_rows(name: str, *, split: str = "train", data_dir: str = "",
     raise ValueError(f"{where}: {e}") from e
   if len(source) == 0:
     raise ValueError(f"{where}: the split is empty")
-  return [_keep(source[i], columns) for i in range(len(source))]
+  columns = _columns_to_keep(columns, list(source.dataset_info.features.keys()))
+  return [_decoded(source[i], columns) for i in range(len(source))]
