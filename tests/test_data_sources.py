@@ -4,27 +4,24 @@ No network: every dataset is built in tmp_path (`save_to_disk`, a local JSON/par
 a tiny TFDS builder prepared as array_record).
 """
 
+import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")   # before `datasets` is first imported
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
+import pytest
+from train_micro import micro_config, read_records
 
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from train_micro import micro_config, read_records  # noqa: E402
-
-from rljax.data.jsonl_task import JsonlTask  # noqa: E402
-from rljax.data.records_task import RecordsTask, make_answer_extractor  # noqa: E402
-from rljax.data.sources import load_hf_rows, load_tfds_rows  # noqa: E402
-from rljax.train.config import apply_overrides, base_config  # noqa: E402
-from rljax.train.loop import train  # noqa: E402
-from rljax.train.setup import build_task  # noqa: E402
-from rljax.train.validate import ConfigError, validate  # noqa: E402
+from rljax.data.jsonl_task import JsonlTask
+from rljax.data.records_task import RecordsTask, make_answer_extractor
+from rljax.data.sources import load_hf_rows, load_tfds_rows
+from rljax.train.config import apply_overrides, base_config
+from rljax.train.loop import train
+from rljax.train.setup import build_task
+from rljax.train.validate import ConfigError, validate
 
 GSM8K = dict(prompt_field="question", answer_field="answer", solution_field="answer",
              answer_extractor="gsm8k")
@@ -205,11 +202,17 @@ def test_tfds_source_gives_the_jsonl_task(tfds_dir, tmp_path):
   assert len(levels) == 10 and set(levels) <= {0, 1, 2}
 
 
-def test_tfds_errors_name_the_field(tfds_dir):
+def test_tfds_errors_name_the_field(tfds_dir, tmp_path):
   with pytest.raises(ValueError, match="task.tfds_split='validation'.*Unknown split"):
     load_tfds_rows("tiny_gsm", split="validation", data_dir=tfds_dir)
   with pytest.raises(ValueError, match="task.tfds_name='no_such_dataset_xyz'.*no such"):
     load_tfds_rows("no_such_dataset_xyz", data_dir=tfds_dir)
+  # The same dataset as if prepared as TFRecord (writing real TFRecords needs TensorFlow).
+  shutil.copytree(tfds_dir, tmp_path / "tfr")
+  info = tmp_path / "tfr" / "tiny_gsm" / "1.0.0" / "dataset_info.json"
+  info.write_text(info.read_text().replace('"array_record"', '"tfrecord"'))
+  with pytest.raises(ValueError, match="task.tfds_name='tiny_gsm'.*prepared as TFRecord"):
+    load_tfds_rows("tiny_gsm", data_dir=str(tmp_path / "tfr"))
 
 
 def test_optional_libraries_are_imported_only_when_used(tmp_path):
