@@ -1,5 +1,5 @@
 """Prompt sources: JSONL files and any iterable of dict rows (Hugging Face `datasets`,
-TFDS `as_numpy` iterators), with errors that say where (file:line or row index, field)."""
+TFDS data sources), with errors that say where (file:line or row index, field)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,29 @@ def prompts_from_records(rows: Iterable[dict], *, source: str = "records",
   return prompts
 
 
+def read_jsonl_rows(path: str) -> tuple[list[dict], list[str]]:
+  """The rows of a JSONL file (blank lines skipped) and their locations `"<file name>:<line>"`.
+
+  Raises:
+    FileNotFoundError; ValueError (malformed JSON, with the line and column; empty file).
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"JSONL prompt file {path!r} does not exist")
+  rows, where, name = [], [], os.path.basename(path)
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+      where.append(f"{name}:{lineno}")
+  if not rows:
+    raise ValueError(f"JSONL prompt file {path!r} is empty")
+  return rows, where
+
+
 def load_jsonl_prompts(path: str, **fields) -> list[Prompt]:
   """Reads prompts from a JSONL file (blank lines are skipped).
 
@@ -79,19 +102,5 @@ def load_jsonl_prompts(path: str, **fields) -> list[Prompt]:
     FileNotFoundError, ValueError (empty file; malformed JSON or a missing/invalid field,
     with the line number and the field name).
   """
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"JSONL prompt file {path!r} does not exist")
-  prompts, name = [], os.path.basename(path)
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
-      prompt = row_to_prompt(row, f"{name}:{lineno}", **fields)
-      prompts.append(prompt)
-  if not prompts:
-    raise ValueError(f"JSONL prompt file {path!r} is empty")
-  return prompts
+  rows, where = read_jsonl_rows(path)
+  return [row_to_prompt(row, loc, **fields) for row, loc in zip(rows, where)]

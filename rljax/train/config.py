@@ -61,6 +61,18 @@ def base_config() -> ConfigDict:
       heldout_size=128,
       digits=1,                # arithmetic: digits per operand
       jsonl_path="",           # for name == "jsonl": rows {"prompt", "answer"[, "solution"]}
+      hf_path="",              # for name == "hf_dataset": hub name, data file or save_to_disk dir
+      hf_config="",            # hf_dataset: configuration name (GSM8K: "main"); "" for none
+      hf_split="train",        # hf_dataset: split, slicing allowed ("train[:1000]")
+      tfds_name="",            # for name == "tfds": "name[/config][:version]" (array_record)
+      tfds_split="train",      # tfds: split, slicing allowed
+      tfds_data_dir="",        # tfds: directory of prepared datasets; "" for TFDS's default
+      prompt_field="prompt",   # jsonl/hf_dataset/tfds: field of the prompt text
+      answer_field="answer",   # ... field of the ground-truth answer
+      solution_field="solution",  # ... field of a worked solution (SFT demonstration), optional
+      answer_extractor="none",  # none | gsm8k (after "####") | boxed (last \boxed{}) | regex
+      answer_regex="",         # answer_extractor == "regex": pattern, group 1 of the last match
+      prompt_template="",      # "" or text with "{prompt}", e.g. "{prompt}\nEnd with <answer>"
       chat_template=False,     # wrap prompts in the HF tokenizer's chat template (instruct models)
       long_prompts="reject",   # reject | truncate (keep the last tokens) prompts that do not fit
       prompt_sampler="uniform",  # uniform | curriculum | prioritized

@@ -10,8 +10,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax import parallel
+from rljax.data import sources
 from rljax.data.batching import bucket_length
 from rljax.data.jsonl_task import JsonlTask
+from rljax.data.records_task import RecordsTask
 from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
@@ -49,8 +51,21 @@ class Setup:
 
 def build_task(config):
   t = config.task
-  if t.name == "jsonl":
-    return JsonlTask(t.jsonl_path, n_heldout=t.heldout_size, format_weight=t.format_weight)
+  if t.name in ("jsonl", "hf_dataset", "tfds"):
+    fields = dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
+                  solution_field=t.solution_field)
+    options = dict(fields, answer_extractor=t.answer_extractor, answer_regex=t.answer_regex,
+                   prompt_template=t.prompt_template, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight)
+    if t.name == "jsonl":
+      return JsonlTask(t.jsonl_path, **options)
+    if t.name == "hf_dataset":
+      rows = sources.load_hf_rows(t.hf_path, split=t.hf_split, config=t.hf_config,
+                                  columns=list(fields.values()))
+      return RecordsTask(rows, source=f"{t.hf_path}[{t.hf_split}]", **options)
+    rows = sources.load_tfds_rows(t.tfds_name, split=t.tfds_split, data_dir=t.tfds_data_dir,
+                                  columns=list(fields.values()))
+    return RecordsTask(rows, source=f"{t.tfds_name}[{t.tfds_split}]", **options)
   hi = t.difficulty_max or t.difficulty
   options = {"digits": t.digits} if t.name == "arithmetic" else {}
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,

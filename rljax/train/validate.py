@@ -6,8 +6,11 @@ collected and raised together as one `ConfigError`.
 
 from __future__ import annotations
 
+import re
+
 import jax
 
+from rljax.data.records_task import ANSWER_EXTRACTORS
 from rljax.data.tasks import TASKS
 
 ADVANTAGE_MODES = (
@@ -31,7 +34,7 @@ DTYPES = ("float32", "bfloat16")
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
 
 
-TASK_NAMES = (*TASKS, "jsonl")
+TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds")
 
 
 class ConfigError(ValueError):
@@ -142,8 +145,28 @@ def _check_combinations(errors, c):
     errors.append("task.chat_template=True needs a Hugging Face tokenizer (model.hf_path)")
   if c.task.name == "jsonl" and not c.task.jsonl_path:
     errors.append("task.jsonl_path is empty but task.name='jsonl'")
+  _check_data_source(errors, c.task)
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
+
+
+def _check_data_source(errors, t):
+  """Fields of the jsonl / hf_dataset / tfds prompt sources."""
+  for name, field in (("hf_dataset", "hf_path"), ("tfds", "tfds_name")):
+    if t.name == name and not t[field]:
+      errors.append(f"task.{field} is empty but task.name={name!r}")
+  if t.answer_extractor not in ANSWER_EXTRACTORS:
+    errors.append(f"task.answer_extractor={t.answer_extractor!r} is not one of "
+                  f"{list(ANSWER_EXTRACTORS)}")
+  if t.answer_extractor == "regex":
+    try:
+      groups = re.compile(t.answer_regex).groups if t.answer_regex else 0
+      _check(errors, groups >= 1, f"task.answer_regex={t.answer_regex!r} needs a capture "
+             "group (task.answer_extractor='regex')")
+    except re.error as e:
+      errors.append(f"task.answer_regex={t.answer_regex!r} does not compile: {e}")
+  if t.prompt_template and "{prompt}" not in t.prompt_template:
+    errors.append(f"task.prompt_template={t.prompt_template!r} must contain '{{prompt}}'")
 
 
 def _check_mesh(errors, c, num_devices):
