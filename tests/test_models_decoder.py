@@ -102,3 +102,20 @@ def test_bf16_compute_close_to_fp32(param_dtype="bfloat16"):
   real = np.asarray(mask, bool)
   # bf16 has 8 mantissa bits; logits of this tiny model are O(1).
   assert np.max(np.abs(np.asarray(l16) - l32)[real]) < 0.05
+
+
+@pytest.mark.parametrize("f,d", [(12, 5), (5, 12)])   # both weight-gradient orientations
+def test_dense_custom_vjp_equals_autodiff_of_matmul(f, d):
+  """`layers.dense` only changes how XLA lays out the weight gradient, not its value."""
+  from rljax.models.layers import dense
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 4, f)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(f, d)), jnp.float32)
+  ct = jnp.asarray(rng.normal(size=(3, 4, d)), jnp.float32)
+  loss = lambda fn: lambda x, w: jnp.sum(jnp.sin(fn(x, w)) * ct)
+  got = jax.grad(loss(dense), argnums=(0, 1))(x, w)
+  x64, w64, ct64 = (np.asarray(a, np.float64) for a in (x, w, ct))
+  g = np.cos(x64 @ w64) * ct64                       # d loss / d (x w), by hand
+  np.testing.assert_allclose(got[0], g @ w64.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], np.einsum("bsf,bsd->fd", x64, g), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(dense(x, w), x64 @ w64, rtol=1e-5, atol=1e-5)
