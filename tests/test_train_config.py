@@ -54,6 +54,10 @@ def test_unknown_choice_names_field_and_allowed_values(field, value, allowed):
     ({"algo.critic_warmup_iterations": 2}, "algo.critic_warmup_iterations"),
     ({"algo.pass_k": 9, "algo.advantage": "pass_at_k"}, "algo.pass_k"),
     ({"parallel.fsdp": 3}, "parallel"),
+    ({"algo.old_logp_source": "update", "algo.epochs": 2}, "algo.epochs=2 x algo.minibatches"),
+    ({"algo.old_logp_source": "update", "algo.kl_placement": "reward", "algo.kl_coef": 0.1},
+     "algo.kl_placement='reward'"),
+    ({"algo.old_logp_source": "update", "algo.is_correction": "tis"}, "algo.is_correction"),
 ])
 def test_invalid_values_are_reported_by_name(fields, needle):
   assert needle in _bad(**fields)

@@ -85,6 +85,35 @@ def test_eight_devices_give_the_same_losses_as_one(tmp_path):
       np.testing.assert_allclose(eight[key], one[key], rtol=2e-5, atol=1e-7, err_msg=key)
 
 
+def test_old_logp_from_the_update_equals_recomputing_it(tmp_path):
+  """old_logp_source='update' skips a forward pass; losses, rollout statistics and the
+  trained parameters equal the recomputed path (one update per rollout)."""
+  runs, params = {}, {}
+  for source in ("recompute", "update"):
+    config = micro_config("grpo", tmp_path / source, **{
+        "algo.old_logp_source": source, "algo.minibatches": 1, "run.iterations": 3})
+    train(config)
+    runs[source] = read_records(tmp_path / source / "grpo")
+    params[source] = _final_actor(tmp_path / source / "grpo", config)
+  for rec, upd in zip(runs["recompute"], runs["update"]):
+    assert rec.keys() == upd.keys()
+    assert rec["train/raw_score"] == upd["train/raw_score"]      # same rollouts
+    for key in ("update/loss", "update/grad_norm", "update/entropy", "update/ratio",
+                "train/entropy_rollout", "mismatch/logp_gap_mean", "tokens/entropy_p50"):
+      np.testing.assert_allclose(upd[key], rec[key], rtol=1e-4, atol=1e-6, err_msg=key)
+  assert runs["update"][-1]["compile/programs"] == runs["update"][0]["compile/programs"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               params["recompute"], params["update"])
+
+
+def _final_actor(run_dir, config):
+  from rljax.train import checkpoint
+  s = setup_lib.build(config)
+  template = setup_lib.init_state(s, s.initial_actor, with_reference=False)
+  _, state, _ = checkpoint.Checkpointer(run_dir, keep=1).restore_latest(template)
+  return jax.tree.map(np.asarray, state.actor)
+
+
 def _synthetic_minibatch(setup, rng, b):
   t, p = setup.config.sampling.max_new_tokens, setup.ctx.prompt_len
   lengths = rng.integers(1, t + 1, size=b)

@@ -146,7 +146,9 @@ def base_config() -> ConfigDict:
       psr_weight=1.0,              # weight of positive-advantage samples
       nsr_weight=1.0,              # weight of negative-advantage samples
       # train-inference mismatch
-      old_logp_source="recompute",  # recompute | sampler
+      # recompute | sampler | update (the update's own forward pass, under stop-gradient:
+      # one forward pass less per iteration; needs 1 update per rollout)
+      old_logp_source="recompute",
       is_correction="none",         # none | tis | icepop
       is_level="token",             # token | sequence
       tis_cap=2.0,

@@ -100,9 +100,12 @@ def prepare(setup, fns, state, rows, keys, moments):
   rows_sharding = batch_sharding(setup.mesh)
   batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
   sequences = dict(batch)   # the four arrays every forward pass takes (one jit signature)
-  old_logp, entropy = fns.policy_stats(state.actor, sequences)
   sampler_logp = jnp.asarray(rows["sampler_logp"])
   mask = batch["mask"].astype(jnp.float32)
+  if a.old_logp_source == "update":   # filled in by the update step (`fill_from_update`)
+    old_logp = entropy = jnp.zeros_like(sampler_logp)
+  else:
+    old_logp, entropy = fns.policy_stats(state.actor, sequences)
   if a.old_logp_source == "sampler":
     old_logp = sampler_logp
   batch["old_logp"] = old_logp
@@ -132,8 +135,8 @@ def prepare(setup, fns, state, rows, keys, moments):
              ref_logp=batch["ref_logp"], advantages=adv, returns=returns,
              old_values=batch["values"], token_weights=weights,
              is_weights=correction_weights(c, old_logp, sampler_logp, mask),
-             rng=jax.random.key_data(jax.random.split(keys["update"], b)))
-  gap = (old_logp - sampler_logp) * mask
+             rng=jax.random.key_data(jax.random.split(keys["update"], b)),
+             sampler_logp=sampler_logp)
   metrics = {
       "train/reward": float(jnp.mean(scores)), "train/raw_score": float(np.mean(rows["scores"])),
       "train/accuracy": float(np.mean(rows["accuracy"])),
@@ -143,22 +146,34 @@ def prepare(setup, fns, state, rows, keys, moments):
       "train/response_length_max": float(np.max(rows["lengths"])),
       "train/truncated_frac": float(np.mean(rows["truncated"])),
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
-      "train/entropy_rollout": float(masked_mean(entropy, mask)),
       "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
                                              jnp.any(adv != 0, axis=1))),
-      "mismatch/logp_gap_mean": float(jnp.sum(jnp.abs(gap)) / jnp.maximum(jnp.sum(mask), 1)),
-      "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
       "kl/coef": float(state.kl_coef),
   }
-  metrics.update(token_statistics(old_logp, entropy, adv, loss_mask))
-  if state.ref is not None:
-    kl_ref = kl_ops.kl_estimate(old_logp, batch["ref_logp"], "k3")
-    metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
+  if a.old_logp_source != "update":
+    metrics.update(old_policy_metrics(upd, batch["mask"], with_ref=state.ref is not None))
   if state.critic is not None:
     resid = masked_mean(jnp.square(returns - batch["values"]), mask)
     var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
     metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
   return upd, metrics, moments
+
+
+def old_policy_metrics(upd, completion_mask, *, with_ref):
+  """Rollout metrics that need the old policy's log-probs and entropies (in `upd`)."""
+  mask = completion_mask.astype(jnp.float32)
+  old_logp, entropy = upd["old_logp"], upd["entropy"]
+  gap = (old_logp - upd["sampler_logp"]) * mask
+  metrics = {
+      "train/entropy_rollout": float(masked_mean(entropy, mask)),
+      "mismatch/logp_gap_mean": float(jnp.sum(jnp.abs(gap)) / jnp.maximum(jnp.sum(mask), 1)),
+      "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
+  }
+  metrics.update(token_statistics(old_logp, entropy, upd["advantages"], upd["mask"]))
+  if with_ref:
+    kl_ref = kl_ops.kl_estimate(old_logp, upd["ref_logp"], "k3")
+    metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
+  return metrics
 
 
 def ptx_batch(setup, size, *, seed):
@@ -184,6 +199,10 @@ def run_updates(setup, state, upd, keys, *, train_actor, iteration):
       if a.ptx_coef:
         minibatch["ptx"] = ptx_batch(setup, per_mb, seed=(iteration, epoch, m))
       state, metrics = setup.update_step(state, minibatch, jnp.asarray(train_actor))
+      per_token = metrics.pop(objective.TOKEN_OUTPUTS, None)
+      if per_token is not None:   # old_logp_source="update": one minibatch, rows in `index`
+        inverse = jnp.argsort(index)
+        upd["old_logp"], upd["entropy"] = (per_token[k][inverse] for k in ("old_logp", "entropy"))
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v)
       count += 1
@@ -213,6 +232,9 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   train_actor = iteration >= c.algo.critic_warmup_iterations
   state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor,
                                       iteration=iteration)
+  if c.algo.old_logp_source == "update":
+    metrics.update(old_policy_metrics(upd, jnp.asarray(rows["mask"]),
+                                      with_ref=state.ref is not None))
   if c.algo.kl_controller == "adaptive" and state.ref is not None:
     ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
                                       horizon=c.algo.kl_horizon)

@@ -48,6 +48,7 @@ class LossSpec:
   vf_coef: float
   ptx_coef: float
   temperature: float
+  old_logp_from_update: bool = False
 
 
 def loss_spec(config) -> LossSpec:
@@ -66,6 +67,7 @@ def loss_spec(config) -> LossSpec:
       entropy_coef=float(a.entropy_coef), use_critic=a.advantage == "gae",
       value_clip=float(a.value_clip), vf_coef=float(a.vf_coef), ptx_coef=float(a.ptx_coef),
       temperature=float(config.sampling.temperature),
+      old_logp_from_update=a.old_logp_source == "update",
   )
 
 
@@ -134,15 +136,25 @@ def _sum(per_token, mask, mode, spec):
   return agg.aggregate_parts(per_token, mask, mode, max_len=spec.max_len)[0]
 
 
+# Metrics key of the per-token [b, T] old log-probs and entropies that the update step
+# returns when `old_logp_from_update` (the rollout statistics need them).
+TOKEN_OUTPUTS = "per_token"
+
+
 def micro_loss(spec: LossSpec, actor, critic, batch, denom):
   """Loss of one micro-batch, normalised by the minibatch denominators.
 
   Returns:
     (loss scalar, metric sums): divide each metric sum by `denom["tokens"]` (token
-    metrics) after summing over micro-batches.
+    metrics) after summing over micro-batches; with `spec.old_logp_from_update` also
+    `metrics[TOKEN_OUTPUTS]`, this micro-batch's old log-probs and entropies [b, T].
   """
   mask = batch["mask"].astype(jnp.float32)
   logp, entropy = policy_forward(actor, batch, temperature=spec.temperature)
+  if spec.old_logp_from_update:
+    # One update per rollout: the policy before this step is the one that is being
+    # differentiated, so π_old = sg(π_θ) exactly (ratio 1, same gradient as recomputing).
+    batch = {**batch, "old_logp": jax.lax.stop_gradient(logp)}
   loss_bt, diag = policy_terms(spec, logp, batch)
   weighted = loss_bt * batch["token_weights"] * batch["is_weights"]
   pg = _sum(weighted, mask, spec.loss_agg, spec) / denom["policy"]
@@ -174,6 +186,9 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     nll_sum, _ = sft_nll(actor, batch["ptx"])
     loss = loss + spec.ptx_coef * nll_sum / denom["ptx_tokens"]
     metrics["ptx_nll"] = nll_sum / denom["ptx_tokens"] * denom["tokens"]
+  if spec.old_logp_from_update:
+    metrics[TOKEN_OUTPUTS] = {"old_logp": batch["old_logp"],
+                              "entropy": jax.lax.stop_gradient(entropy)}
   return loss, metrics
 
 

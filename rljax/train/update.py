@@ -113,14 +113,16 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     def body(carry, mb):
       grads, loss, sums = carry
       (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom)
+      per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS, None)
       sums = jax.tree.map(jnp.add, sums, micro_metrics)
-      return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), None
+      return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), per_token
 
     micro_batches = split_micro(minibatch, num_micro)
     first = jax.tree.map(lambda x: x[0], micro_batches)
     _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom))
+    metric_shape.pop(objective.TOKEN_OUTPUTS, None)
     init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, metric_shape))
-    (grads, loss, sums), _ = jax.lax.scan(body, init, micro_batches)
+    (grads, loss, sums), per_token = jax.lax.scan(body, init, micro_batches)
 
     actor_norm = optax.tree.norm(grads[0])
     critic_norm = optax.tree.norm(grads[1]) if state.critic is not None else jnp.zeros(())
@@ -133,6 +135,9 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     metrics = {k: v / denom["tokens"] for k, v in sums.items()}
     metrics.update(loss=loss, grad_norm=actor_norm, critic_grad_norm=critic_norm,
                    skipped=(~finite).astype(jnp.float32))
+    if per_token is not None:   # [num_micro, b, T] -> [B, T], the minibatch's row order
+      metrics[objective.TOKEN_OUTPUTS] = jax.tree.map(
+          lambda x: x.reshape((-1,) + x.shape[2:]), per_token)
     new_state = state._replace(
         step=state.step + finite.astype(jnp.int32), actor=actor, actor_opt=actor_opt,
         critic=critic, critic_opt=critic_opt,

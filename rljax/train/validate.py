@@ -27,7 +27,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs")
 KL_CONTROLLERS = ("fixed", "adaptive")
 IS_CORRECTIONS = ("none", "tis", "icepop")
 IS_LEVELS = ("token", "sequence")
-OLD_LOGP_SOURCES = ("recompute", "sampler")
+OLD_LOGP_SOURCES = ("recompute", "sampler", "update")
 CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
 PROMPT_SAMPLERS = ("uniform", "curriculum", "prioritized")
 DTYPES = ("float32", "bfloat16")
@@ -148,6 +148,21 @@ def _check_combinations(errors, c):
   _check_data_source(errors, c.task)
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
+  if a.old_logp_source == "update":
+    _check_old_logp_from_update(errors, a)
+
+
+def _check_old_logp_from_update(errors, a):
+  """old_logp_source='update' is exact only when nothing needs old log-probs before the step."""
+  blockers = [(a.epochs * a.minibatches != 1, f"algo.epochs={a.epochs} x algo.minibatches="
+               f"{a.minibatches} updates per rollout (needs exactly 1)"),
+              (a.kl_placement == "reward", "algo.kl_placement='reward'"),
+              (a.high_entropy_fraction > 0, "algo.high_entropy_fraction > 0"),
+              (a.is_correction != "none", f"algo.is_correction={a.is_correction!r}")]
+  for blocked, what in blockers:
+    if blocked:
+      errors.append(f"algo.old_logp_source='update' reads the old log-probs from the update "
+                    f"step's own forward pass, which {what} rules out; use 'recompute'")
 
 
 def _check_data_source(errors, t):
