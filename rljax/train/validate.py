@@ -144,6 +144,23 @@ def _check_combinations(errors, c):
     errors.append("task.jsonl_path is empty but task.name='jsonl'")
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
+  _check_rsft(errors, a)
+
+
+def _check_rsft(errors, a):
+  """Rejection-sampling fine-tuning fields (rljax.train.rejection_sft)."""
+  if not isinstance(a.rsft_every, int) or a.rsft_every < 0:
+    errors.append(f"algo.rsft_every={a.rsft_every!r} must be an int >= 0 (0: off)")
+    return
+  if a.rsft_every == 0:
+    return
+  for name in ("rsft_k", "rsft_prompts", "rsft_steps"):
+    if not isinstance(a[name], int) or a[name] < 1:
+      errors.append(f"algo.{name}={a[name]!r} must be an int >= 1 when algo.rsft_every > 0")
+  if not a.rsft_lr > 0:
+    errors.append(f"algo.rsft_lr={a.rsft_lr} must be > 0")
+  if a.rsft_min_score is not None and not isinstance(a.rsft_min_score, (int, float)):
+    errors.append(f"algo.rsft_min_score={a.rsft_min_score!r} must be None or a number")
 
 
 def _check_mesh(errors, c, num_devices):
