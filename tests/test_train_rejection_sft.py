@@ -13,9 +13,11 @@ from train_micro import micro_config, read_records
 from rljax.data.rejection import best_of_k
 from rljax.rewards.base import compose
 from rljax.train import objective
+from rljax.train.config import apply_overrides, base_config
 from rljax.train.loop import train
 from rljax.train.rejection_sft import RejectionSFT
 from rljax.train.setup import build, init_state
+from rljax.train.validate import ConfigError, validate
 
 K, PROMPTS = 4, 6
 RSFT = {"algo.rsft_every": 2, "algo.rsft_k": K, "algo.rsft_prompts": PROMPTS,
@@ -127,3 +129,21 @@ def test_resume_with_phases_equals_uninterrupted_run(reference_run):
   assert _records(run_dir) == _records(ref_dir)
   jax.tree.map(np.testing.assert_array_equal, _final_params(run_dir, 3),
                _final_params(ref_dir, 3))
+
+
+@pytest.mark.parametrize("fields,needle", [
+    ({"algo.rsft_every": -1}, "algo.rsft_every"),
+    ({"algo.rsft_every": 2, "algo.rsft_k": 0}, "algo.rsft_k"),
+    ({"algo.rsft_every": 2, "algo.rsft_prompts": 0}, "algo.rsft_prompts"),
+    ({"algo.rsft_every": 2, "algo.rsft_steps": 0}, "algo.rsft_steps"),
+    ({"algo.rsft_every": 2, "algo.rsft_lr": 0.0}, "algo.rsft_lr"),
+    ({"algo.rsft_every": 2, "algo.rsft_min_score": "high"}, "algo.rsft_min_score"),
+])
+def test_invalid_rsft_fields_are_named(fields, needle):
+  c = base_config()
+  apply_overrides(c, fields)
+  with pytest.raises(ConfigError, match=needle):
+    validate(c, num_devices=1)
+  apply_overrides(c, {"algo.rsft_every": 0})            # off: the other fields are not read
+  if "algo.rsft_every" not in fields:
+    validate(c, num_devices=1)
