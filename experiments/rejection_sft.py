@@ -4,7 +4,8 @@ Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
 arXiv:2307.09288, Sec. 3.2.3: sample K outputs per prompt, keep the best by reward,
 fine-tune on them; rounds alternate with the RL update (PPO there, GRPO here). Before
 every 10th GRPO iteration (0, 10, ...) a phase samples K=8 completions for 32 prompts and
-takes 4 NLL steps on the kept ones (`rljax.train.rejection_sft`).
+takes 2 NLL steps (AdamW, lr 3e-4) on the kept ones (`rljax.train.rejection_sft`; K,
+prompts, steps and lr are the base config's `algo.rsft_*` defaults).
 
 Steps: "off" (plain GRPO, the baseline), "best" (keep each prompt's best whatever its
 score, as Llama 2 does with a reward model), "correct" (default: keep the best only if
@@ -25,9 +26,5 @@ def get_config(arg=None):
   c.run.dir = f"runs/rejection_sft_{step}"
   c.algo.name = f"grpo_rsft_{step}"
   c.algo.rsft_every = 0 if step == "off" else 10
-  c.algo.rsft_k = 8
-  c.algo.rsft_prompts = 32
-  c.algo.rsft_steps = 4
-  c.algo.rsft_lr = 1e-3
   c.algo.rsft_min_score = MIN_SCORE[step]
   return c

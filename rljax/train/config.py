@@ -159,8 +159,8 @@ def base_config() -> ConfigDict:
       rsft_every=0,                 # 0: off; N: a phase before every N-th RL iteration (0, N, ..)
       rsft_k=8,                     # K samples per prompt; the best by reward is kept
       rsft_prompts=32,              # prompts per phase
-      rsft_steps=4,                 # full-batch NLL steps on the kept completions
-      rsft_lr=1e-3,                 # lr of the phase's own AdamW (fresh each phase)
+      rsft_steps=2,                 # full-batch NLL steps on the kept completions
+      rsft_lr=3e-4,                 # lr of the phase's own AdamW (fresh each phase)
       rsft_min_score=None,          # None: keep every group's best; x: only if best >= x
   ))
 
