@@ -115,7 +115,16 @@ class RejectionSFT:
     return 0 if self._finetune is None else self._finetune._cache_size()
 
   def phase(self, state, iteration, model):
-    """Runs one RS-FT phase before RL iteration `iteration` with the policy `model`."""
+    """One RS-FT phase before RL iteration `iteration` (Llama 2, arXiv:2307.09288, Sec. 3.2.3).
+
+    Args:
+      state: the run's TrainState; only `actor` changes.
+      iteration: the RL iteration about to run (seeds the prompt draw and the sampling key).
+      model: the policy `state.actor` merged into a module (for the sampler).
+    Returns:
+      `PhaseResult`: rows have B = rsft_prompts·rsft_k samples; the batch has rsft_prompts
+      rows (kept first, mask-0 padding after). Nothing kept: state unchanged, no jit call.
+    """
     setup, a = self.setup, self.setup.config.algo
     t0 = time.perf_counter()
     prompts = phase_prompts(setup, iteration)
