@@ -169,6 +169,13 @@ def base_config() -> ConfigDict:
       critic_warmup_iterations=0,
       critic_init_path="",          # "": critic trunk from the SFT policy; else a reward model
       ptx_coef=0.0,                 # SFT loss on demonstrations mixed into the RL loss
+      # rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3)
+      rsft_every=0,                 # 0: off; N: a phase before every N-th RL iteration (0, N, ..)
+      rsft_k=8,                     # K samples per prompt; the best by reward is kept
+      rsft_prompts=32,              # prompts per phase
+      rsft_steps=2,                 # full-batch NLL steps on the kept completions
+      rsft_lr=3e-4,                 # lr of the phase's own AdamW (fresh each phase)
+      rsft_min_score=None,          # None: keep every group's best; x: only if best >= x
   ))
 
   c.optim = ConfigDict(dict(

@@ -17,6 +17,7 @@ from rljax.ops.shaping import RunningMoments
 from rljax.train import checkpoint, metrics, sft
 from rljax.train.evaluate import evaluate
 from rljax.train.iteration import ForwardFns, rl_iteration, save_analysis_batch
+from rljax.train.rejection_sft import RejectionSFT
 from rljax.train.setup import build, compile_update, init_state
 from rljax.train.validate import validate
 
@@ -54,9 +55,11 @@ def _jsonable(tree):
   return tree
 
 
-def compile_count(setup, fns):
-  """Programs compiled so far by the sampler, the forward passes and the update step."""
-  return sampling.compile_count() + fns.compile_count() + setup.update_step._cache_size()
+def compile_count(setup, fns, rsft=None):
+  """Programs compiled so far by the sampler, the forward passes, the update step and the
+  rejection-sampling fine-tune (when on)."""
+  extra = rsft.compile_count() if rsft is not None else 0
+  return sampling.compile_count() + fns.compile_count() + setup.update_step._cache_size() + extra
 
 
 def _evaluate(setup, state, seed_key):
@@ -97,6 +100,7 @@ def train(config, *, stop_after=None):
   writer = metrics.MetricWriter(run_dir, tensorboard=c.run.tensorboard)
   fns = ForwardFns(setup)
   eval_key = jax.random.key(c.run.seed + 7)
+  rsft = RejectionSFT(setup) if c.algo.rsft_every else None
 
   state, moments, start, before = _start(setup, ckpt, eval_key)
   writer.truncate_after(start)
@@ -113,15 +117,20 @@ def train(config, *, stop_after=None):
   try:
     with _StopFlag() as stop:
       for it in iterations:
+        rsft_metrics = {}
+        if rsft is not None and it % c.algo.rsft_every == 0:
+          model = nnx.merge(setup.actor_graphdef, state.actor)
+          state, rsft_metrics, *_ = rsft.phase(state, it, model)
         model = nnx.merge(setup.actor_graphdef, state.actor)
         state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
+        m.update(rsft_metrics)
         skipped_in_row = int(state.nonfinite_in_row)
         if skipped_in_row >= c.run.max_nonfinite_in_row:
           raise FloatingPointError(
               f"{skipped_in_row} updates in a row had a non-finite loss or gradient "
               f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last "
               f"good checkpoint in {ckpt.directory} is intact.")
-        m["compile/programs"] = compile_count(setup, fns)
+        m["compile/programs"] = compile_count(setup, fns, rsft)
         m["update/skipped_total"] = int(state.skipped_updates)
         if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
           m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})

@@ -42,21 +42,28 @@ def _cache_key(config, model_cfg):
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def token_mean_nll(graphdef, params, batch):
+  """Token-mean NLL of the completion tokens (`mask`) under the policy `params`."""
+  nll, count = objective.sft_nll(nnx.merge(graphdef, params), batch)
+  return nll / jnp.maximum(count, 1.0)
+
+
+def sft_step_fn(graphdef, tx):
+  """Pure `step(params, opt_state, batch) -> (params, opt_state, loss before the step)` of
+  token-mean NLL with the optax optimizer `tx` (shared by the warm start and RS-FT)."""
+
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(lambda p: token_mean_nll(graphdef, p, batch))(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return jax.tree.map(jnp.add, params, updates), opt_state, loss
+  return step
+
+
 def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progress=False):
   """`steps` AdamW steps of token-mean NLL on demonstrations; returns (params, last loss)."""
   tx = update.make_optimizer(lr, warmup_steps=warmup_steps, weight_decay=0.0, b1=0.9, b2=0.99,
                              grad_clip=1.0)
-  graphdef = setup.actor_graphdef
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    def loss_fn(p):
-      nll, count = objective.sft_nll(nnx.merge(graphdef, p), batch)
-      return nll / jnp.maximum(count, 1.0)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return jax.tree.map(jnp.add, params, updates), opt_state, loss
-
+  step = jax.jit(sft_step_fn(setup.actor_graphdef, tx))
   prompts = setup.task.train_prompts()
   rng = np.random.default_rng(seed)
   opt_state = tx.init(params)

@@ -148,6 +148,7 @@ def _check_combinations(errors, c):
   _check_data_source(errors, c.task)
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
+  _check_rsft(errors, a)
   if a.old_logp_source == "update":
     _check_old_logp_from_update(errors, a)
 
@@ -182,6 +183,22 @@ def _check_data_source(errors, t):
       errors.append(f"task.answer_regex={t.answer_regex!r} does not compile: {e}")
   if t.prompt_template and "{prompt}" not in t.prompt_template:
     errors.append(f"task.prompt_template={t.prompt_template!r} must contain '{{prompt}}'")
+
+
+def _check_rsft(errors, a):
+  """Rejection-sampling fine-tuning fields (rljax.train.rejection_sft)."""
+  if not isinstance(a.rsft_every, int) or a.rsft_every < 0:
+    errors.append(f"algo.rsft_every={a.rsft_every!r} must be an int >= 0 (0: off)")
+    return
+  if a.rsft_every == 0:
+    return
+  for name in ("rsft_k", "rsft_prompts", "rsft_steps"):
+    if not isinstance(a[name], int) or a[name] < 1:
+      errors.append(f"algo.{name}={a[name]!r} must be an int >= 1 when algo.rsft_every > 0")
+  if not a.rsft_lr > 0:
+    errors.append(f"algo.rsft_lr={a.rsft_lr} must be > 0")
+  if a.rsft_min_score is not None and not isinstance(a.rsft_min_score, (int, float)):
+    errors.append(f"algo.rsft_min_score={a.rsft_min_score!r} must be None or a number")
 
 
 def _check_mesh(errors, c, num_devices):
