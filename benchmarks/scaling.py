@@ -4,7 +4,8 @@ Starts from the shared workload of ../shared/PERF_NOTES.md (tiny Qwen2: vocab 51
 width 256, MLP 768 = 3·width, 4 layers, 4 heads x 64, 2 KV heads; 8 prompts x 8
 generations, prompts of 32 tokens, 96 new tokens) and varies one thing at a time,
 three values each, with the trainer's own pieces (`grpo_vs_trl.RljaxGRPO`: `generate` ->
-old-log-prob forward -> jitted `update_step`):
+jitted `update_step` with `old_logp_source="update"`; the separate old-log-prob forward of
+the default "recompute" is timed in its own column, outside the iteration time):
 
   batch  : completions per iteration 32 / 64 / 128 (prompts 4 / 8 / 16, n = 8)
   length : new tokens 48 / 96 / 192
@@ -50,7 +51,7 @@ def run_cell(prompts: int, new_tokens: int, width: int, reps: int) -> dict:
   times = [grpo.iteration(ids[i], i) for i in range(1, reps + 1)]
   b = prompts * GROUP
   gen_gflop = generate_flops(cfg, b, PROMPT_LEN, new_tokens) / 1e9
-  upd_gflop = train_flops(cfg, b, PROMPT_LEN, new_tokens) / 1e9 * 4 / 3   # + old_logp fwd
+  upd_gflop = train_flops(cfg, b, PROMPT_LEN, new_tokens) / 1e9
   med = {k: statistics.median(t[k] for t in times) for k in ("generate", "old_logp", "update",
                                                                "total")}
   med["gflop"] = gen_gflop + upd_gflop
