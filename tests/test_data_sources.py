@@ -16,7 +16,7 @@ import pytest
 from train_micro import micro_config, read_records
 
 from rljax.data.jsonl_task import JsonlTask
-from rljax.data.records_task import RecordsTask, make_answer_extractor
+from rljax.data.records_task import RecordsTask, make_answer_extractor, tagged_demonstration
 from rljax.data.sources import load_hf_rows, load_tfds_rows
 from rljax.train.config import apply_overrides, base_config
 from rljax.train.loop import train
@@ -257,3 +257,16 @@ def test_hf_dataset_trains_end_to_end(hf, tmp_path):
   records = read_records(tmp_path / "grpo")
   assert result["iterations"] == 1 and [r["iteration"] for r in records] == [1]
   assert 0.0 <= result["heldout_acc_after"] <= 1.0
+
+
+def test_demonstrations_end_in_the_answer_tag_the_format_reward_checks():
+  """GSM8K's '#### 1,010' line becomes the tag (with the extracted answer); a solution that
+  has a tag is unchanged; others get the tag appended; each then scores format 1."""
+  task = RecordsTask(gsm8k_rows(40), source="gsm", format_weight=0.1, **GSM8K)
+  p = task.train_prompts()[0]
+  demo = task.demonstration(p)
+  assert "####" not in demo and demo.endswith(f"<answer>{p.answer}</answer>")
+  assert task.score(p, demo).format == 1.0 and task.score(p, demo).accuracy == 1.0
+  assert tagged_demonstration("x=2\n<answer>2</answer>", "2") == "x=2\n<answer>2</answer>"
+  assert tagged_demonstration("so \\boxed{3}", "3") == "so \\boxed{3}\n<answer>3</answer>"
+  assert tagged_demonstration("a\nb\n#### 1,200", "1200") == "a\nb\n<answer>1200</answer>"

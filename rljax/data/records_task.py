@@ -34,6 +34,19 @@ def _last_boxed(raw: str) -> str:
   return extract_answer(raw) if re.search(r"\\(?:boxed|fbox)\s*\{", raw) else ""
 
 
+def tagged_demonstration(solution: str, answer: str) -> str:
+  """The solution in the format the format reward checks: ending in `<answer>answer</answer>`.
+
+  A solution that already has an `<answer>` block is kept as is; a trailing GSM8K
+  `#### 72` line is replaced by the tag; any other solution (e.g. MATH's, ending in a
+  `\\boxed{}`) gets the tag appended, so SFT never teaches a format RL then penalises.
+  """
+  if "<answer>" in solution:
+    return solution
+  body = solution.rsplit("####", 1)[0] if "####" in solution else solution
+  return f"{body.rstrip()}\n<answer>{answer}</answer>"
+
+
 # task.answer_extractor -> raw answer-field text -> ground-truth answer ("" = not found).
 ANSWER_EXTRACTORS: dict[str, Callable[[str], str]] = {
     "none": _whole, "gsm8k": _after_hashes, "boxed": _last_boxed, "regex": _whole,
@@ -158,7 +171,7 @@ class RecordsTask:
       raise ValueError(f"{self.source}: prompt {prompt.id} has no {self.solution_field!r} field "
                        "(task.solution_field), which SFT (sft.steps > 0) and ptx "
                        "(algo.ptx_coef > 0) need")
-    return self._solutions[prompt.id]
+    return tagged_demonstration(self._solutions[prompt.id], prompt.answer)
 
   def score(self, prompt, completion: str) -> RewardBreakdown:
     content, well_formed = parse_answer_tag(completion)
