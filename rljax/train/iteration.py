@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax import parallel
 from rljax.analysis import token_statistics
 from rljax.ops import kl as kl_ops
 from rljax.ops import masks, mismatch, shaping
@@ -97,11 +98,13 @@ def prepare(setup, fns, state, rows, keys, moments):
   """Everything the update needs, as device arrays; plus rollout metrics."""
   c = setup.config
   a = c.algo
+  # Global arrays from the rollout stay where they are; host rows (dynamic sampling) are
+  # placed, every process holding the same values.
   rows_sharding = batch_sharding(setup.mesh)
   batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
   sequences = dict(batch)   # the four arrays every forward pass takes (one jit signature)
   old_logp, entropy = fns.policy_stats(state.actor, sequences)
-  sampler_logp = jnp.asarray(rows["sampler_logp"])
+  sampler_logp = jax.device_put(rows["sampler_logp"], rows_sharding)
   mask = batch["mask"].astype(jnp.float32)
   if a.old_logp_source == "sampler":
     old_logp = sampler_logp
@@ -150,7 +153,7 @@ def prepare(setup, fns, state, rows, keys, moments):
       "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
       "kl/coef": float(state.kl_coef),
   }
-  metrics.update(token_statistics(old_logp, entropy, adv, loss_mask))
+  metrics.update(token_statistics(*parallel.gather((old_logp, entropy, adv, loss_mask))))
   if state.ref is not None:
     kl_ref = kl_ops.kl_estimate(old_logp, batch["ref_logp"], "k3")
     metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
@@ -235,7 +238,9 @@ def save_analysis_batch(fns, state, upd, path):
   arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
             "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
             "truncated": upd["truncated"]}
-  np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+  arrays = parallel.gather(arrays)   # a collective: every process calls this
+  if parallel.is_primary():
+    np.savez(path, **arrays)
 
 
 def _like(old, value):
