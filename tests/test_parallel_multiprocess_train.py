@@ -13,12 +13,14 @@ import pathlib
 import socket
 import subprocess
 import sys
+import zlib
 
 import jax
 import numpy as np
 import pytest
 from train_micro import MICRO, micro_config, read_records
 
+from rljax.data import tasks
 from rljax.train import checkpoint
 from rljax.train import setup as setup_lib
 from rljax.train.loop import train
@@ -35,8 +37,28 @@ def _free_port():
     return s.getsockname()[1]
 
 
+def varied_score(self, prompt, completion):
+  """A reward that varies within groups (an untrained model never solves the task, and
+  all-zero rewards would make every loss 0): a hash of the prompt and completion."""
+  del self
+  accuracy = float(zlib.crc32(f"{prompt.id}|{completion}".encode()) % 3 == 0)
+  return tasks.RewardBreakdown(total=accuracy, accuracy=accuracy, format=0.0)
+
+
+WORKER = f"""
+import sys
+import zlib
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+from test_parallel_multiprocess_train import varied_score
+from rljax.data import tasks
+from rljax.cli import main
+tasks.Task.score = varied_score
+main(sys.argv[1:])
+"""
+
+
 def _launch(run_dir, logs):
-  """`python -m rljax train` twice, joined through the CLI's JAX_* environment variables."""
+  """`rljax train` (the CLI) twice, joined through the CLI's JAX_* environment variables."""
   flags = [f"--config.{k}={v}" for k, v in dict(MICRO, **{"run.dir": str(run_dir)}).items()]
   xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                  if "device_count" not in f)
@@ -47,7 +69,7 @@ def _launch(run_dir, logs):
   for i in range(2):
     out = open(logs / f"process{i}.log", "w")   # noqa: SIM115 - closed after the wait
     procs.append((subprocess.Popen(
-        [sys.executable, "-m", "rljax", "train", "--config", "experiments/grpo.py", *flags],
+        [sys.executable, "-c", WORKER, "train", "--config", "experiments/grpo.py", *flags],
         cwd=REPO, env=dict(env, JAX_PROCESS_ID=str(i)), stdout=out, stderr=subprocess.STDOUT),
         out))
   return procs
@@ -84,7 +106,8 @@ def _restore(config):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_train_like_one_process_with_eight_devices(tmp_path):
+def test_two_processes_train_like_one_process_with_eight_devices(tmp_path, monkeypatch):
+  monkeypatch.setattr(tasks.Task, "score", varied_score)
   multi = tmp_path / "multi" / "grpo"
   procs = _launch(multi, tmp_path)
   # The single-process reference runs here (8 devices, conftest) while the 2 processes run.
@@ -102,6 +125,7 @@ def test_two_processes_train_like_one_process_with_eight_devices(tmp_path):
     assert keys == {k for k in b if not k.startswith("time/") and k != "compile/programs"}
     for key in ("train/raw_score", "train/accuracy", "train/response_length_mean"):
       assert a[key] == b[key], key
+    assert a["update/grad_norm"] > 0 and 0 < a["train/accuracy"] < 1   # a real update
     for key in sorted(keys):   # non-finite values are written as strings ("nan")
       if isinstance(a[key], str) or isinstance(b[key], str):
         assert a[key] == b[key], key
