@@ -15,7 +15,6 @@ import math
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rljax import parallel
@@ -94,8 +93,7 @@ def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
   prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
   return jax.device_put({
       "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,
-      "mask": out.mask, "sampler_logp": out.logp.astype(jnp.float32),
-      "truncated": out.truncated.astype(bool)}, sharding)
+      "mask": out.mask, "sampler_logp": out.logp, "truncated": out.truncated}, sharding)
 
 
 def score(ctx: RolloutContext, prompts, rows, n):
