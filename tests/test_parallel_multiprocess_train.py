@@ -57,7 +57,7 @@ main(sys.argv[1:])
 """
 
 
-def _launch(run_dir, logs):
+def _launch(spec, run_dir, logs):
   """`rljax train` (the CLI) twice, joined through the CLI's JAX_* environment variables."""
   flags = [f"--config.{k}={v}" for k, v in dict(MICRO, **{"run.dir": str(run_dir)}).items()]
   xla = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -69,7 +69,7 @@ def _launch(run_dir, logs):
   for i in range(2):
     out = open(logs / f"process{i}.log", "w")   # noqa: SIM115 - closed after the wait
     procs.append((subprocess.Popen(
-        [sys.executable, "-c", WORKER, "train", "--config", "experiments/grpo.py", *flags],
+        [sys.executable, "-c", WORKER, "train", "--config", f"experiments/{spec}.py", *flags],
         cwd=REPO, env=dict(env, JAX_PROCESS_ID=str(i)), stdout=out, stderr=subprocess.STDOUT),
         out))
   return procs
@@ -106,19 +106,24 @@ def _restore(config):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_train_like_one_process_with_eight_devices(tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec", [
+    "grpo",
+    # DAPO's dynamic sampling gathers each round's rows onto every host and picks groups
+    # there; the update batch then goes back onto the mesh from identical host copies.
+    pytest.param("dapo", marks=pytest.mark.slow)])
+def test_two_processes_train_like_one_process_with_eight_devices(spec, tmp_path, monkeypatch):
   monkeypatch.setattr(tasks.Task, "score", varied_score)
-  multi = tmp_path / "multi" / "grpo"
-  procs = _launch(multi, tmp_path)
+  multi = tmp_path / "multi" / spec
+  procs = _launch(spec, multi, tmp_path)
   # The single-process reference runs here (8 devices, conftest) while the 2 processes run.
   assert jax.process_count() == 1 and jax.device_count() == 8
-  single_result = train(micro_config("grpo", tmp_path / "single"))
+  single_result = train(micro_config(spec, tmp_path / "single"))
   results = _wait(procs, tmp_path)
 
   # Both processes finish the same run, with the held-out results of the single process.
   same = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # noqa: E731
   assert same(results[0]) == same(results[1]) == same(single_result)
-  one, two = read_records(tmp_path / "single" / "grpo"), read_records(multi)
+  one, two = read_records(tmp_path / "single" / spec), read_records(multi)
   assert [r["iteration"] for r in two] == [1, 2]   # process 0 alone wrote the records
   for a, b in zip(one, two):
     keys = {k for k in a if not k.startswith("time/") and k != "compile/programs"}
@@ -137,6 +142,6 @@ def test_two_processes_train_like_one_process_with_eight_devices(tmp_path, monke
   # single-process run's own.
   assert sorted(p.name for p in (multi / "checkpoints").iterdir()) == ["2"]
   (step_a, a, host_a), (step_b, b, host_b) = (
-      _restore(micro_config("grpo", tmp_path / name)) for name in ("single", "multi"))
+      _restore(micro_config(spec, tmp_path / name)) for name in ("single", "multi"))
   assert step_a == step_b == 2 and host_a == host_b
   jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=RTOL, atol=1e-7), a, b)
