@@ -1,6 +1,14 @@
 """The one place that knows about meshes, logical-axis rules and multi-host start-up."""
 
 from rljax.parallel.distributed import initialize_distributed
+from rljax.parallel.hostdata import (
+    any_process,
+    from_local_rows,
+    gather,
+    is_primary,
+    local_rows,
+    to_local_rows,
+)
 from rljax.parallel.mesh import (
     BATCH_AXES,
     MESH_AXES,
@@ -21,6 +29,7 @@ from rljax.parallel.sharding import (
 
 __all__ = [
     "BATCH_AXES", "LOGICAL_AXIS_RULES", "MESH_AXES", "assert_sharded", "batch_sharding", "initialize_distributed",
-    "logical_to_mesh_spec", "make_mesh", "replicated_fraction", "replicated_sharding",
+    "logical_to_mesh_spec", "any_process", "from_local_rows", "gather", "is_primary",
+    "local_rows", "to_local_rows", "make_mesh", "replicated_fraction", "replicated_sharding",
     "shard_model", "sharding_report", "state_shardings", "variable_sharding",
 ]

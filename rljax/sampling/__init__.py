@@ -1,7 +1,8 @@
 """Jit-compiled generation with a KV cache: prefill + `lax.while_loop` decode, per shape bucket.
 
 Public entry points: `SamplingParams`, `generate(model, prompt_tokens, prompt_mask, *,
-sampling, rng) -> Rollout`, `compile_count()`; the token filters live in
+sampling, rng) -> Rollout`, `generate_rows` (rows already placed, e.g. across
+processes), `compile_count()`; the token filters live in
 `rljax.sampling.filters`.
 """
 
@@ -9,7 +10,7 @@ from rljax.sampling.buckets import compile_count
 from rljax.sampling.filters import filter_logits, sample_tokens, truncated_log_softmax
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
-from rljax.sampling.sampler import generate
+from rljax.sampling.sampler import generate, generate_rows
 
 __all__ = [
     "Rollout",
@@ -17,6 +18,7 @@ __all__ = [
     "compile_count",
     "filter_logits",
     "generate",
+    "generate_rows",
     "sample_tokens",
     "truncated_log_softmax",
 ]

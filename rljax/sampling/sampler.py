@@ -213,6 +213,28 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       prompt_tokens=jnp.asarray(tokens_bp), prompt_mask=jnp.asarray(mask_bp))
 
 
+def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *,
+                  sampling: SamplingParams, rng: jax.Array, pad_id: int = 0,
+                  sampler_dtype: Any = None):
+  """`generate` for prompt rows the caller has already repeated, padded and placed.
+
+  For global arrays that span processes (multi-host: each process built only its own
+  rows, `jax.make_array_from_callback`), which `generate`'s host-side checks, repeat and
+  padding cannot read. Row r is one completion; `sampling.n` is not applied again. Same
+  program and random draws as `generate` on the same R x W rows.
+
+  Args:
+    model, sampling, rng, pad_id, sampler_dtype: as in `generate`.
+    tokens_rw: int32 [R, W] left-padded prompt rows (padding rows: one real token).
+    mask_rw: int32 [R, W], 1 on real tokens.
+  Returns:
+    NamedTuple (tokens, mask, logp, logp_full, truncated) of all R rows, as in `Rollout`.
+  """
+  graphdef, state = _split(model, sampler_dtype)
+  spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
+  return _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
+
+
 def _check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
   tokens_bp = np.asarray(prompt_tokens)
   mask_bp = np.asarray(prompt_mask)

@@ -2,7 +2,8 @@
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 half-written checkpoint is never picked up. On restore, an unreadable newest step is
-reported and the previous one is used.
+reported and the previous one is used. Under `jax.distributed` every process calls
+`save` / `restore_latest` (orbax writes and reads collectively; each process its shards).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pathlib
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from rljax import parallel
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +52,20 @@ class Checkpointer:
     """
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
     for step in reversed(self.steps()):
+      out, failure = None, None
       try:
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
-        return step, out.state, out.host
       except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
-        log.warning("checkpoint step %s is unreadable (%s: %s); falling back to an older one",
-                    step, type(err).__name__, err)
-        print(f"[rljax] checkpoint {step} unreadable ({type(err).__name__}); "
-              "falling back to the previous one")
+        failure = f"{type(err).__name__}: {err}"
+      # Under jax.distributed all processes fall back together if any one failed.
+      if not parallel.any_process(failure is not None):
+        return step, out.state, out.host
+      log.warning("checkpoint step %s is unreadable (%s); falling back to an older one",
+                  step, failure or "on another process")
+      print(f"[rljax] checkpoint {step} unreadable "
+            f"({failure.split(':')[0] if failure else 'on another process'}); "
+            "falling back to the previous one")
     return None
 
   def close(self):

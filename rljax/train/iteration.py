@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax import parallel
 from rljax.analysis import token_statistics
 from rljax.ops import kl as kl_ops
 from rljax.ops import masks, mismatch, shaping
@@ -97,10 +98,12 @@ def prepare(setup, fns, state, rows, keys, moments):
   """Everything the update needs, as device arrays; plus rollout metrics."""
   c = setup.config
   a = c.algo
+  # Global arrays from the rollout stay where they are; host rows (dynamic sampling) are
+  # placed, every process holding the same values.
   rows_sharding = batch_sharding(setup.mesh)
   batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
   sequences = dict(batch)   # the four arrays every forward pass takes (one jit signature)
-  sampler_logp = jnp.asarray(rows["sampler_logp"])
+  sampler_logp = jax.device_put(rows["sampler_logp"], rows_sharding)
   mask = batch["mask"].astype(jnp.float32)
   if a.old_logp_source == "update":   # filled in by the update step (`fill_from_update`)
     old_logp = entropy = jnp.zeros_like(sampler_logp)
@@ -136,7 +139,7 @@ def prepare(setup, fns, state, rows, keys, moments):
              old_values=batch["values"], token_weights=weights,
              is_weights=correction_weights(c, old_logp, sampler_logp, mask),
              rng=jax.random.key_data(jax.random.split(keys["update"], b)),
-             sampler_logp=sampler_logp)
+             sampler_logp=sampler_logp, completion_mask=batch["mask"])
   metrics = {
       "train/reward": float(jnp.mean(scores)), "train/raw_score": float(np.mean(rows["scores"])),
       "train/accuracy": float(np.mean(rows["accuracy"])),
@@ -151,7 +154,7 @@ def prepare(setup, fns, state, rows, keys, moments):
       "kl/coef": float(state.kl_coef),
   }
   if a.old_logp_source != "update":
-    metrics.update(old_policy_metrics(upd, batch["mask"], with_ref=state.ref is not None))
+    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
   if state.critic is not None:
     resid = masked_mean(jnp.square(returns - batch["values"]), mask)
     var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
@@ -159,9 +162,9 @@ def prepare(setup, fns, state, rows, keys, moments):
   return upd, metrics, moments
 
 
-def old_policy_metrics(upd, completion_mask, *, with_ref):
+def old_policy_metrics(upd, *, with_ref):
   """Rollout metrics that need the old policy's log-probs and entropies (in `upd`)."""
-  mask = completion_mask.astype(jnp.float32)
+  mask = upd["completion_mask"].astype(jnp.float32)
   old_logp, entropy = upd["old_logp"], upd["entropy"]
   gap = (old_logp - upd["sampler_logp"]) * mask
   metrics = {
@@ -169,7 +172,8 @@ def old_policy_metrics(upd, completion_mask, *, with_ref):
       "mismatch/logp_gap_mean": float(jnp.sum(jnp.abs(gap)) / jnp.maximum(jnp.sum(mask), 1)),
       "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
   }
-  metrics.update(token_statistics(old_logp, entropy, upd["advantages"], upd["mask"]))
+  metrics.update(token_statistics(*parallel.gather((old_logp, entropy, upd["advantages"],
+                                                    upd["mask"]))))
   if with_ref:
     kl_ref = kl_ops.kl_estimate(old_logp, upd["ref_logp"], "k3")
     metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
@@ -233,8 +237,7 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor,
                                       iteration=iteration)
   if c.algo.old_logp_source == "update":
-    metrics.update(old_policy_metrics(upd, jnp.asarray(rows["mask"]),
-                                      with_ref=state.ref is not None))
+    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
   if c.algo.kl_controller == "adaptive" and state.ref is not None:
     ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
                                       horizon=c.algo.kl_horizon)
@@ -257,7 +260,9 @@ def save_analysis_batch(fns, state, upd, path):
   arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
             "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
             "truncated": upd["truncated"]}
-  np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
+  arrays = parallel.gather(arrays)   # a collective: every process calls this
+  if parallel.is_primary():
+    np.savez(path, **arrays)
 
 
 def _like(old, value):

@@ -94,10 +94,12 @@ def train(config, *, stop_after=None):
   setup = build(config)
   c = config
   run_dir = pathlib.Path(c.run.dir)
+  primary = parallel.is_primary()   # under jax.distributed only process 0 writes files
   run_dir.mkdir(parents=True, exist_ok=True)
-  (run_dir / "config.json").write_text(c.to_json_best_effort(indent=2, sort_keys=True))
+  if primary:
+    (run_dir / "config.json").write_text(c.to_json_best_effort(indent=2, sort_keys=True))
   ckpt = checkpoint.Checkpointer(run_dir, keep=c.run.keep_checkpoints)
-  writer = metrics.MetricWriter(run_dir, tensorboard=c.run.tensorboard)
+  writer = metrics.MetricWriter(run_dir, tensorboard=c.run.tensorboard, enabled=primary)
   fns = ForwardFns(setup)
   eval_key = jax.random.key(c.run.seed + 7)
   rsft = RejectionSFT(setup) if c.algo.rsft_every else None
@@ -110,7 +112,8 @@ def train(config, *, stop_after=None):
             "prompt_sampler": _jsonable(setup.prompt_sampler.state_dict())}
 
   iterations = range(start, c.run.iterations)
-  if c.run.progress:
+  progress = c.run.progress and primary
+  if progress:
     from tqdm import tqdm
     iterations = tqdm(iterations, desc="RL", initial=start, total=c.run.iterations)
   done = 0
@@ -135,14 +138,16 @@ def train(config, *, stop_after=None):
         if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
           m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
         writer.write(it + 1, m)
-        if c.run.progress:
+        if progress:
           iterations.set_postfix(reward=f"{m['train/reward']:.2f}",
                                  acc=f"{m['train/accuracy']:.2f}",
                                  ent=f"{m['update/entropy']:.2f}",
                                  len=f"{m['train/response_length_mean']:.1f}")
         done += 1
         last = it + 1 == c.run.iterations
-        interrupted = stop.raised or (stop_after is not None and done >= stop_after)
+        # Every process must agree (the checkpoint is collective); a signal may reach one.
+        interrupted = (parallel.any_process(stop.raised)
+                       or (stop_after is not None and done >= stop_after))
         periodic = c.run.save_every and (it + 1) % c.run.save_every == 0
         # A state right after a skipped (non-finite) update is never checkpointed.
         if skipped_in_row == 0 and (last or interrupted or periodic):
@@ -173,20 +178,23 @@ def _start(setup, ckpt, eval_key):
   step, state, host = restored
   setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
   start = int(state.iteration)
-  print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {ckpt.directory}")
+  if parallel.is_primary():
+    print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {ckpt.directory}")
   moments = RunningMoments(*[jnp.asarray(x) for x in host["reward_moments"]])
   return state, moments, start, host["heldout_before"]
 
 
 def _finish(setup, state, before, after, t_start):
-  """Plots, result.json and the RESULT dict."""
+  """Plots, result.json (process 0) and the RESULT dict (every process)."""
   run_dir = pathlib.Path(setup.config.run.dir)
-  if setup.config.run.plots:
+  primary = parallel.is_primary()
+  if setup.config.run.plots and primary:
     metrics.plot_run(run_dir)
   result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],
             "wall_s": round(time.perf_counter() - t_start, 1),
             "iterations": int(state.iteration)}
   result.update({f"heldout_{k}": v for k, v in after.items() if k != "accuracy"})
   result.update({f"heldout_{k}_before": v for k, v in before.items() if k != "accuracy"})
-  (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+  if primary:
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2))
   return result

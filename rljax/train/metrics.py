@@ -32,26 +32,35 @@ def _to_python(value):
 
 
 class MetricWriter:
-  """Appends one JSON object per iteration to `metrics.jsonl`, mirrors scalars to TensorBoard."""
+  """Appends one JSON object per iteration to `metrics.jsonl`, mirrors scalars to TensorBoard.
 
-  def __init__(self, run_dir, *, tensorboard=True):
+  With `enabled=False` (every process but the first of a multi-process run) it writes
+  nothing.
+  """
+
+  def __init__(self, run_dir, *, tensorboard=True, enabled=True):
     self.run_dir = pathlib.Path(run_dir)
-    self.run_dir.mkdir(parents=True, exist_ok=True)
     self.path = self.run_dir / "metrics.jsonl"
+    self.enabled = enabled
     self._tb = None
+    if not enabled:
+      return
+    self.run_dir.mkdir(parents=True, exist_ok=True)
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
 
   def truncate_after(self, iteration):
     """Drops records beyond `iteration` (a resumed run rewrites them identically)."""
-    if not self.path.exists():
+    if not self.enabled or not self.path.exists():
       return
     kept = [line for line in self.path.read_text().splitlines()
             if line and json.loads(line).get("iteration", 0) <= iteration]
     self.path.write_text("".join(line + "\n" for line in kept))
 
   def write(self, iteration, metrics):
+    if not self.enabled:
+      return
     record = {"iteration": int(iteration)}
     record.update({k: _to_python(v) for k, v in sorted(metrics.items())})
     with self.path.open("a") as f:

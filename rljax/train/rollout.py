@@ -1,20 +1,27 @@
 """Rollout and scoring: prompts -> completions -> scores, with the DAPO filters.
 
 Host-side glue between the sampler (jit), the tokenizer and the reward functions
-(Python). The returned batch is a dict of NumPy arrays with fixed shapes:
-B = prompts_per_iteration · n rows, P prompt columns, T = max_new_tokens columns.
+(Python). The batch has fixed shapes: B = prompts_per_iteration · n rows, P prompt
+columns, T = max_new_tokens columns. Its sequence arrays are global `jax.Array`s split
+over the mesh's batch axes; under `jax.distributed` each process tokenizes, decodes and
+scores only the rows on its own devices, and every process then holds the per-row scores
+of all B rows as NumPy arrays (advantages, metrics and the prompt sampler need them).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
+import jax
 import numpy as np
 
+from rljax import parallel
 from rljax.data.batching import left_pad
 from rljax.data.buffer import DynamicSamplingBuffer, DynamicSamplingError
-from rljax.sampling import SamplingParams, generate
+from rljax.parallel import BATCH_AXES, batch_sharding
+from rljax.sampling import SamplingParams, buckets, generate_rows
 
 
 def prompt_ids(tokenizer, text, *, chat_template=False):
@@ -36,6 +43,7 @@ class RolloutContext:
   sampling: SamplingParams
   reward_fn: object          # rljax.rewards.base.Composite: (prompts, texts) -> ComposedRewards
   chat_template: bool = False
+  mesh: object = None        # rows are split over its batch axes (None: one device)
 
   def prompt_ids(self, prompt):
     """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""
@@ -48,44 +56,71 @@ def encode_prompts(ctx: RolloutContext, prompts):
   return left_pad(ids, pad_id=ctx.tokenizer.pad_id, length=ctx.prompt_len)
 
 
-def _pad_time(x, length, value=0):
-  if x.shape[1] == length:
-    return x
-  pad = np.full((x.shape[0], length - x.shape[1]), value, dtype=x.dtype)
-  return np.concatenate([x, pad], axis=1)
+def row_layout(ctx: RolloutContext, num_rows: int):
+  """(sharding, R): rows split over the mesh's batch axes, R = num_rows rounded up to a
+  multiple of the batch shards (R = B for a training batch, which validate() checks)."""
+  if ctx.mesh is None:
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0]), num_rows
+  shards = math.prod(ctx.mesh.shape[a] for a in BATCH_AXES)
+  return batch_sharding(ctx.mesh), buckets.round_up(num_rows, None, multiple_of=shards)
 
 
 def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
-  """Generates `sampling.n` completions per prompt; returns a dict of NumPy arrays."""
+  """Generates `sampling.n` completions per prompt, each process tokenizing only its rows.
+
+  Row i (completion i % n of prompt i // n) lives on one device of the mesh; the process
+  owning that device encodes its prompt. The sampler runs on the global rows, so every
+  row draws the same random numbers as in a single process.
+
+  Returns:
+    dict of global `jax.Array`s with R rows split over the batch axes (`row_layout`;
+    rows >= len(prompts)·n are padding): prompt_tokens, prompt_mask [R, P]; tokens, mask,
+    sampler_logp [R, T]; truncated [R].
+  """
   sampling = sampling or ctx.sampling
-  tokens, mask = encode_prompts(ctx, prompts)
-  out = generate(model, tokens, mask, sampling=sampling, rng=rng)
-  t = sampling.max_new_tokens
-  rows = {
-      "prompt_tokens": np.asarray(out.prompt_tokens), "prompt_mask": np.asarray(out.prompt_mask),
-      "tokens": _pad_time(np.asarray(out.tokens), t, ctx.tokenizer.pad_id),
-      "mask": _pad_time(np.asarray(out.mask), t),
-      "sampler_logp": _pad_time(np.asarray(out.logp, np.float32), t),
-      "truncated": np.asarray(out.truncated, bool),
-      "group_id": np.asarray(out.group_id),
-  }
-  return rows
+  n, b, p = sampling.n, len(prompts) * sampling.n, ctx.prompt_len
+  sharding, r = row_layout(ctx, b)
+  local = parallel.local_rows(sharding, r)
+  real = local[local < b]
+  tokens, mask = (encode_prompts(ctx, [prompts[i // n] for i in real]) if len(real)
+                  else (np.zeros((0, p), np.int32),) * 2)
+  put = lambda x: parallel.from_local_rows(x, local, sharding, r)  # noqa: E731
+  pad = lambda width, pad_id: buckets.pad_prompts(  # noqa: E731
+      tokens, mask, rows=len(local), width=width, pad_id=pad_id)
+  # The sampler's own prompt bucket and pad id, as `generate` uses them.
+  out = generate_rows(model, *map(put, pad(buckets.round_up(p, "pow2"), 0)),
+                      sampling=sampling, rng=rng)
+  prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
+  return jax.device_put({
+      "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,
+      "mask": out.mask, "sampler_logp": out.logp, "truncated": out.truncated}, sharding)
 
 
 def score(ctx: RolloutContext, prompts, rows, n):
-  """Decodes completions and scores them: adds scores, accuracy, format, lengths, texts."""
-  b = rows["tokens"].shape[0]
-  texts = [ctx.tokenizer.decode(rows["tokens"][i][rows["mask"][i] > 0].tolist()) for i in range(b)]
-  rewards = ctx.reward_fn([prompts[i // n] for i in range(b)], texts)
-  failed = np.zeros(b, np.int32)
+  """Decodes and scores this process's completions; then every process holds all B rows'
+  scores, accuracy, format, reward_failed, lengths, truncated and group_id (NumPy [B]).
+  The sequence arrays stay global (`sample`)."""
+  b = len(prompts) * n
+  sharding, r = row_layout(ctx, b)
+  local = parallel.local_rows(sharding, r)
+  real = local[local < b]
+  tokens, mask = (parallel.to_local_rows(rows[k], real) for k in ("tokens", "mask"))
+  texts = [ctx.tokenizer.decode(tokens[k][mask[k] > 0].tolist()) for k in range(len(real))]
+  rewards = ctx.reward_fn([prompts[i // n] for i in real], texts)
+  failed = np.zeros(len(real), np.int32)
   for failure in rewards.failures:
     failed[failure.index] = 1
     print(f"[rljax] reward {failure.component!r} failed on prompt {failure.prompt_id}: "
           f"{failure.kind}: {failure.message}")
-  rows.update(scores=rewards.total, accuracy=rewards.components["accuracy"],
-              format=rewards.components["format"], reward_failed=failed,
-              lengths=rows["mask"].sum(axis=1).astype(np.int32))
-  rows["texts"] = texts
+  per_row = dict(scores=rewards.total, accuracy=rewards.components["accuracy"],
+                 format=rewards.components["format"], reward_failed=failed,
+                 lengths=mask.sum(axis=1).astype(np.int32))
+  pad = len(local) - len(real)   # padding rows come last in `local`
+  per_row = {k: parallel.from_local_rows(np.pad(np.asarray(v), (0, pad)), local, sharding, r)
+             for k, v in per_row.items()}
+  per_row["truncated"] = rows["truncated"]
+  rows.update({k: v[:b] for k, v in parallel.gather(per_row).items()})
+  rows["group_id"] = np.repeat(np.arange(len(prompts), dtype=np.int32), n)
   return rows
 
 
@@ -111,7 +146,7 @@ def collect(ctx, model, draw_prompts, rng_fn, *, num_prompts, dynamic_sampling, 
   while True:
     prompts = draw_prompts(num_prompts)
     t0 = time.perf_counter()
-    rows = sample(ctx, model, prompts, rng_fn())
+    rows = jax.block_until_ready(sample(ctx, model, prompts, rng_fn()))
     t1 = time.perf_counter()
     rows = score(ctx, prompts, rows, n)
     gen_s, score_s = gen_s + t1 - t0, score_s + time.perf_counter() - t1
@@ -119,7 +154,8 @@ def collect(ctx, model, draw_prompts, rng_fn, *, num_prompts, dynamic_sampling, 
       zero_var = _zero_variance_fraction(rows["accuracy"], n)
     if not dynamic_sampling:
       break
-    rows["prompt"] = [prompts[i // n] for i in range(len(rows["texts"]))]
+    rows = parallel.gather(rows)   # the buffer picks groups on the host: all rows everywhere
+    rows["prompt"] = [prompts[i // n] for i in range(len(prompts) * n)]
     rows["total_scores"] = rows.pop("scores")   # the buffer keeps its filter metric as "scores"
     try:
       buffer.add(rows["accuracy"], rows.pop("group_id"), **rows)

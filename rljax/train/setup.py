@@ -156,7 +156,7 @@ def build(config) -> Setup:
                             stop_tokens=(tokenizer.eos_id,))
   reward_fn = task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
-                       reward_fn=reward_fn, chat_template=config.task.chat_template)
+                       reward_fn=reward_fn, chat_template=config.task.chat_template, mesh=mesh)
   actor_graphdef, actor_state = nnx.split(actor)
   critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
   spec = objective.loss_spec(config)
