@@ -22,3 +22,14 @@ def test_cluster_process_count(env, count, monkeypatch):
   assert distributed.cluster_process_count() == count
   assert distributed.initialize_distributed() == (count > 1)
   assert calls == ([((), {})] if count > 1 else [])
+
+
+def test_already_initialised_is_left_alone(monkeypatch):
+  """A launcher that called jax.distributed.initialize() itself: a second call would raise."""
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  calls = []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda *a, **k: calls.append((a, k)))
+  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+  assert distributed.initialize_distributed() is False
+  assert distributed.initialize_distributed("localhost:1234", 2, 0) is False
+  assert calls == []

@@ -6,8 +6,8 @@
 #       [--log runs/grpo-v4.log] [--detach] [--dry-run] [-- --config.run.iterations=200 ...]
 #
 # Runs `rljax train --config CONFIG --config.run.dir=RUN_DIR [overrides]` in ~/rljax on all
-# workers. Each process first calls jax.distributed.initialize(), which on TPU VMs finds
-# the coordinator, the number of processes and its own index from the TPU metadata.
+# workers. The CLI calls rljax.parallel.initialize_distributed, i.e. jax.distributed.initialize(),
+# which on TPU VMs finds the coordinator, the process count and its index from TPU metadata.
 # Checkpoints go to RUN_DIR (orbax writes gs:// paths collectively from all hosts).
 # Default: stream every worker's output to this terminal and append it to --log.
 # --detach: start the run under nohup on the workers (log in ~/rljax-run.log on each),
@@ -43,9 +43,7 @@ require --run-dir "${RUN_DIR}"
   "each host would write its own local copy" >&2
 LOG="${LOG:-runs/$(basename "${RUN_DIR}").log}"
 
-# `python -m rljax train ...`, preceded by jax.distributed.initialize() (TPU auto-detection).
-entry="import sys, jax; jax.distributed.initialize(); from rljax.cli import main; main(sys.argv[1:])"
-train=(python3 -c "${entry}" train --config "${CONFIG}" "--config.run.dir=${RUN_DIR}"
+train=(python3 -m rljax train --config "${CONFIG}" "--config.run.dir=${RUN_DIR}"
        "${OVERRIDES[@]}")
 train_cmd="$(printf '%q ' "${train[@]}")"
 

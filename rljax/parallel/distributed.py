@@ -28,7 +28,7 @@ def initialize_distributed(coordinator_address: str | None = None,
                            process_id: int | None = None, **kwargs) -> bool:
   """Wraps `jax.distributed.initialize`; a no-op for a single process.
 
-  Call once, before any other JAX call, in every process. Arguments default to the
+  Call before any other JAX call, in every process; a no-op if JAX is already initialised. Arguments default to the
   environment variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID;
   with none set, a job started by SLURM, MPI or on a multi-host TPU VM with more than one
   process is initialised by JAX's own cluster detection (`cluster_process_count`); with
@@ -42,6 +42,8 @@ def initialize_distributed(coordinator_address: str | None = None,
   Returns:
     True if `jax.distributed.initialize` was called.
   """
+  if jax.distributed.is_initialized():   # e.g. by a launcher wrapper: calling again raises
+    return False
   coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
   if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
     num_processes = int(os.environ["JAX_NUM_PROCESSES"])
