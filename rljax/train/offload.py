@@ -5,10 +5,13 @@ log-probs of the whole batch), so keeping its parameters in device memory for th
 of the iteration costs one model's worth of HBM for nothing. With
 `algo.reference_offload=True` the TrainState holds them in host memory:
 
-- where every device has a `"pinned_host"` memory space (TPU, GPU, and the CPU backend of
-  JAX >= 0.4.3x), as `jax.Array`s with the same sharding and memory kind `"pinned_host"`
+- where every device has a `"pinned_host"` memory space (`d.addressable_memories()`: TPU,
+  GPU, and the CPU backend of JAX 0.10.2, which lists device, pinned_host and
+  unpinned_host), as `jax.Array`s with the same sharding and memory kind `"pinned_host"`
   (each shard stays with its device's host, so this is multi-host safe, and orbax
-  checkpoints and restores them with that memory kind);
+  checkpoints and restores them with that memory kind). This is the parameter offloading
+  of JAX's "Memory spaces and host offloading" guide (docs.jax.dev, 201/memory-spaces):
+  `jax.device_put` with `sharding.with_memory_kind(...)` both ways;
 - otherwise as NumPy copies (single process only).
 
 `fetch` copies them back, with the actor's device shardings, just for the reference

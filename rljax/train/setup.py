@@ -200,6 +200,7 @@ def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.Tr
       rng=jax.random.key_data(jax.random.key(c.run.seed)),
       skipped_updates=jnp.zeros((), jnp.int32), nonfinite_in_row=jnp.zeros((), jnp.int32))
   state = update.place_state(state, setup.mesh)
-  if with_reference and c.algo.reference_offload:
+  # .get: config.json of runs saved before the option existed (rljax eval --run) lacks it.
+  if with_reference and c.algo.get("reference_offload", False):
     state = state._replace(ref=offload.to_host(state.ref))   # host memory between uses
   return state
