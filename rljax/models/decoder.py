@@ -64,7 +64,15 @@ def _layer_call(layer, x, cos, sin, mask):
   return layer(x, cos, sin, mask)
 
 
-_remat_layer_call = nnx.remat(_layer_call)
+def _remat_layer_call(layer, x, cos, sin, mask):
+  """`_layer_call` rematerialised in the backward pass (`jax.checkpoint` over the layer's
+  split state). Unlike `nnx.remat`, it works under plain `jax.grad` of a merged module
+  (the trainer's update step), where nnx.remat fails with a TraceContextError."""
+  graphdef, state = nnx.split(layer)
+
+  def pure(state, x, cos, sin, mask):
+    return _layer_call(nnx.merge(graphdef, state), x, cos, sin, mask)
+  return jax.checkpoint(pure)(state, x, cos, sin, mask)
 
 
 class Decoder(nnx.Module):

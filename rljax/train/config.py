@@ -140,6 +140,7 @@ def base_config() -> ConfigDict:
       kl_controller="fixed",   # fixed | adaptive
       kl_target=0.1,
       kl_horizon=10000,
+      reference_offload=False,  # keep the reference params in host memory between uses
       # entropy and token weighting
       entropy_coef=0.0,
       high_entropy_fraction=0.0,   # 0: off; 0.2 keeps the top-20% entropy tokens

@@ -15,7 +15,7 @@ from rljax.ops import kl as kl_ops
 from rljax.ops import masks, mismatch, shaping
 from rljax.ops.stats import masked_mean
 from rljax.parallel import batch_sharding
-from rljax.train import objective, rollout
+from rljax.train import objective, offload, rollout
 from rljax.train.advantages import compute_advantages
 from rljax.train.sft import demonstration_batch
 
@@ -112,8 +112,10 @@ def prepare(setup, fns, state, rows, keys, moments):
   if a.old_logp_source == "sampler":
     old_logp = sampler_logp
   batch["old_logp"] = old_logp
-  batch["ref_logp"] = (fns.policy_stats(state.ref, sequences)[0] if state.ref is not None
-                       else old_logp)
+  if state.ref is not None:   # (host-offloaded parameters visit the devices just for this)
+    batch["ref_logp"] = fns.policy_stats(offload.fetch(state.ref, state.actor), sequences)[0]
+  else:
+    batch["ref_logp"] = old_logp
   batch["values"] = (fns.values(state.critic, sequences) if state.critic is not None
                      else jnp.zeros_like(old_logp))
   scores, moments = shape_scores(c, rows, moments)
@@ -199,7 +201,7 @@ def run_updates(setup, state, upd, keys, *, train_actor, iteration):
     for m in range(a.minibatches):
       index = perm[m * per_mb:(m + 1) * per_mb]
       minibatch = {k: upd[k][index] for k in UPDATE_KEYS}
-      minibatch["kl_coef"] = state.kl_coef
+      minibatch["kl_coef"] = jnp.copy(state.kl_coef)   # own buffer: the state is donated
       if a.ptx_coef:
         minibatch["ptx"] = ptx_batch(setup, per_mb, seed=(iteration, epoch, m))
       state, metrics = setup.update_step(state, minibatch, jnp.asarray(train_actor))

@@ -22,7 +22,7 @@ from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
 from rljax.sampling import SamplingParams
-from rljax.train import advantages, objective, update
+from rljax.train import advantages, objective, offload, update
 from rljax.train.rollout import RolloutContext, prompt_ids
 from rljax.train.validate import ConfigError
 
@@ -185,7 +185,8 @@ def compile_update(setup: Setup, state) -> None:
 
 
 def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.TrainState:
-  """A fresh TrainState around (possibly SFT-initialised) actor parameters, placed on the mesh."""
+  """A fresh TrainState around (possibly SFT-initialised) actor parameters, placed on the mesh
+  (the reference copy in host memory when `algo.reference_offload`)."""
   c = setup.config
   critic = setup.initial_critic
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
@@ -198,4 +199,8 @@ def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.Tr
       kl_coef=jnp.asarray(c.algo.kl_coef, jnp.float32),
       rng=jax.random.key_data(jax.random.key(c.run.seed)),
       skipped_updates=jnp.zeros((), jnp.int32), nonfinite_in_row=jnp.zeros((), jnp.int32))
-  return update.place_state(state, setup.mesh)
+  state = update.place_state(state, setup.mesh)
+  # .get: config.json of runs saved before the option existed (rljax eval --run) lacks it.
+  if with_reference and c.algo.get("reference_offload", False):
+    state = state._replace(ref=offload.to_host(state.ref))   # host memory between uses
+  return state

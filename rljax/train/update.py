@@ -88,6 +88,11 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   With `state_shardings` (the shardings of a placed TrainState), the new state keeps
   exactly those shardings, so the second call hits the compilation cache.
+
+  The update never reads the reference parameters: the returned function hands the
+  jitted step the state without `ref` and puts the same `ref` back into the new state,
+  so they may live in host memory (`algo.reference_offload`) and are never donated.
+  `update_step.lower(...)` and `update_step._cache_size()` are the jitted step's.
   """
 
   def micro(params, minibatch, denom):
@@ -100,10 +105,10 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   out_shardings = None
   if state_shardings is not None:
-    out_shardings = (state_shardings, NamedSharding(mesh, PartitionSpec()))
+    out_shardings = (state_shardings._replace(ref=None), NamedSharding(mesh, PartitionSpec()))
 
   @functools.partial(jax.jit, donate_argnums=(0,), out_shardings=out_shardings)
-  def update_step(state: TrainState, minibatch, train_actor):
+  def jitted_step(state: TrainState, minibatch, train_actor):
     denom = objective.denominators(spec, minibatch["mask"])
     if "ptx" in minibatch:
       denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
@@ -145,4 +150,10 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
         nonfinite_in_row=jnp.where(finite, 0, state.nonfinite_in_row + 1))
     return new_state, metrics
 
+  def update_step(state: TrainState, minibatch, train_actor):
+    new_state, metrics = jitted_step(state._replace(ref=None), minibatch, train_actor)
+    return new_state._replace(ref=state.ref), metrics
+
+  update_step.lower = lambda state, *args: jitted_step.lower(state._replace(ref=None), *args)
+  update_step._cache_size = jitted_step._cache_size
   return update_step

@@ -121,6 +121,9 @@ def _check_combinations(errors, c):
   if a.kl_placement != "none" and a.kl_coef == 0 and a.kl_controller == "fixed":
     errors.append("algo.kl_coef=0 with algo.kl_placement="
                   f"{a.kl_placement!r}: set a coefficient or kl_placement='none'")
+  if a.reference_offload and a.kl_placement == "none":
+    errors.append("algo.reference_offload=True but algo.kl_placement='none': there is no "
+                  "reference model to offload")
   if a.dynamic_sampling and a.dynamic_sampling_max_rounds < 1:
     errors.append(f"algo.dynamic_sampling_max_rounds={a.dynamic_sampling_max_rounds}: dynamic "
                   "sampling needs at least 1 generation round")

@@ -1,0 +1,274 @@
+"""Peak memory per configuration of the trainer: the real update step and rollout forwards.
+
+Compiles (never runs) `rljax.train.update.build_update_step`'s jitted step and the
+rollout forward pass (`iteration.ForwardFns.policy_stats`: old / reference log-probs) for
+each configuration and reads XLA's `compiled.memory_analysis()`: arguments, outputs,
+temporaries, and the donated bytes outputs alias. Peak estimate of one program =
+arguments + outputs + temporaries - aliased. The device total of a phase adds what stays
+resident outside the program (optimizer state during a forward, a non-offloaded reference
+model during everything); "device peak" is the larger of the update and forward phases.
+
+  python benchmarks/memory.py [--vocab 32000 --batch 8 --seq 1024 --micro 4]
+  python benchmarks/memory.py --scheduler concurrency   # XLA CPU's default scheduler
+
+`--rss` adds a cross-check: the base row at a smaller size (`--rss-seq`) is run once in a
+subprocess and the growth of its resident set during the step (polled /proc/self/statm,
+large allocations forced to mmap so frees return to the OS) is compared with XLA's
+estimate of the bytes the step allocates (temporaries + outputs - aliased).
+
+The last line is `RESULT {"metric": "update_peak_bytes", "rljax": <remat + micro-batches>,
+"peer": <baseline>, "ratio": ...}` (no external peer: the baseline is rljax without the
+memory options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SCHEDULERS = {"memory": "false", "concurrency": "true"}
+
+
+def _set_scheduler(name):
+  flag = f"--xla_cpu_enable_concurrency_optimized_scheduler={SCHEDULERS[name]}"
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def _config(a, seq, **extra):
+  from rljax.train.config import load_config
+  over = {"model.vocab_size": a.vocab, "model.hidden_size": a.width,
+          "model.intermediate_size": a.mlp, "model.num_layers": a.layers,
+          "model.num_heads": a.heads, "model.num_kv_heads": a.kv_heads,
+          "model.head_dim": a.head_dim, "model.max_position_embeddings": seq + 64,
+          "sampling.max_new_tokens": seq - a.prompt, "sampling.prompts_per_iteration": 2,
+          "sampling.n": a.batch // 2, "algo.minibatches": 1, "parallel.num_devices": 1,
+          "sft.steps": 0, "run.dir": tempfile.mkdtemp(prefix="rljax-mem-")}
+  over.update(extra)
+  return load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
+
+
+def _nbytes(tree):
+  import jax
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _sequences(setup, b):
+  import jax
+  import jax.numpy as jnp
+  t, p = setup.config.sampling.max_new_tokens, setup.ctx.prompt_len
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+  return {"prompt_tokens": i32(b, p), "prompt_mask": i32(b, p), "tokens": i32(b, t),
+          "mask": i32(b, t)}
+
+
+def _minibatch(setup, b):
+  import jax
+  import jax.numpy as jnp
+  t = setup.config.sampling.max_new_tokens
+  f32 = jax.ShapeDtypeStruct((b, t), jnp.float32)
+  mb = _sequences(setup, b)
+  mb.update({k: f32 for k in ("old_logp", "ref_logp", "advantages", "returns", "old_values",
+                              "token_weights", "is_weights")})
+  mb["rng"] = jax.ShapeDtypeStruct((b, 2), jnp.uint32)
+  mb["kl_coef"] = jax.ShapeDtypeStruct((), jnp.float32)
+  return mb
+
+
+def _stats(compiled):
+  m = compiled.memory_analysis()
+  out = {"args": m.argument_size_in_bytes, "out": m.output_size_in_bytes,
+         "temp": m.temp_size_in_bytes, "alias": m.alias_size_in_bytes}
+  out["peak"] = out["args"] + out["out"] + out["temp"] - out["alias"]
+  return out
+
+
+def _use_naive_logprobs(enabled):
+  """Points the objective's log-prob call at one chunk of all T positions (the full
+  [B,T,V] float32 logits and softmax at once, as a non-chunked trainer computes them),
+  or back at the default chunking. The code has no config switch for the chunk size."""
+  from rljax.models import logprobs
+  from rljax.train import objective
+  objective.token_logprobs_and_entropy = (
+      functools.partial(logprobs.token_logprobs_and_entropy, chunk_size=1 << 30) if enabled
+      else logprobs.token_logprobs_and_entropy)
+
+
+def measure(a, row):
+  """Memory of the update step and of the rollout forward for one configuration."""
+  import jax.numpy as jnp
+
+  from rljax.train import iteration
+  from rljax.train import setup as setup_lib
+  _use_naive_logprobs(row.get("naive", False))
+  config = _config(a, a.seq, **row["config"])
+  setup = setup_lib.build(config)
+  with_ref = config.algo.kl_placement != "none"
+  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=with_ref)
+  setup_lib.compile_update(setup, state)
+  b = a.batch
+  update = _stats(setup.update_step.lower(state, _minibatch(setup, b), jnp.asarray(True))
+                  .compile())
+  forward = _stats(iteration.ForwardFns(setup).policy_stats
+                   .lower(state.actor, _sequences(setup, b)).compile())
+  params, opt = _nbytes(state.actor), _nbytes(state.actor_opt)
+  ref_dev = 0 if state.ref is None or config.algo.reference_offload else _nbytes(state.ref)
+  ref_host = _nbytes(state.ref) if state.ref is not None and not ref_dev else 0
+  phases = {"update": update["peak"] + ref_dev,
+            "actor_forward": forward["peak"] + opt + ref_dev,
+            # the reference forward: its params are arguments, the actor's stay resident
+            "ref_forward": forward["peak"] + opt + params if with_ref else 0}
+  return {"name": row["name"], "params": params, "opt": opt, "ref_device": ref_dev,
+          "ref_host": ref_host, "update": update, "forward": forward, "phases": phases,
+          "device_peak": max(phases.values()), "prompt_len": setup.ctx.prompt_len,
+          "completion_len": config.sampling.max_new_tokens}
+
+
+def rows(a):
+  kl = {"algo.kl_placement": "loss", "algo.kl_coef": 0.05}
+  both = {"model.remat": True, "algo.microbatches": a.micro}
+  return [
+      {"name": "baseline (no remat, 1 micro-batch, chunked log-probs)", "config": {}},
+      {"name": "+ remat", "config": {"model.remat": True}},
+      {"name": f"+ {a.micro} micro-batches", "config": {"algo.microbatches": a.micro}},
+      {"name": f"+ remat + {a.micro} micro-batches", "config": both},
+      {"name": "naive log-probs (one chunk of T)", "config": {}, "naive": True},
+      {"name": "+ reference model (KL in loss)", "config": kl},
+      {"name": "+ reference model, offloaded", "config": dict(kl, **{
+          "algo.reference_offload": True})},
+      {"name": "bf16 params + compute", "config": {"model.param_dtype": "bfloat16",
+                                                   "model.dtype": "bfloat16"}},
+      {"name": f"all: remat + {a.micro} micro + offloaded ref + bf16", "config": dict(
+          both, **kl, **{"algo.reference_offload": True, "model.param_dtype": "bfloat16",
+                         "model.dtype": "bfloat16"})},
+  ]
+
+
+def _mb(x):
+  return f"{x / 2**20:,.0f}"
+
+
+def table(results):
+  head = ("| configuration | params + opt MB (fixed) | ref on device / host MB | update args | "
+          "update out | update temp | update peak MB | forward temp | forward peak MB | "
+          "device peak MB |")
+  lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in results:
+    u, f = r["update"], r["forward"]
+    lines.append(
+        f"| {r['name']} | {_mb(r['params'] + r['opt'])} | {_mb(r['ref_device'])} / "
+        f"{_mb(r['ref_host'])} | {_mb(u['args'])} | {_mb(u['out'])} | {_mb(u['temp'])} | "
+        f"**{_mb(u['peak'])}** | {_mb(f['temp'])} | {_mb(f['peak'])} | "
+        f"**{_mb(r['device_peak'])}** |")
+  return "\n".join(lines)
+
+
+def _rss_child(a):
+  """In a subprocess: run the base update step once; RSS growth during it vs XLA's estimate."""
+  import threading
+  import time
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from rljax.train import setup as setup_lib
+  config = _config(a, a.rss_seq)
+  setup = setup_lib.build(config)
+  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=False)
+  setup_lib.compile_update(setup, state)
+  spec = _minibatch(setup, a.batch)
+  rng = np.random.default_rng(0)
+  mb = {k: jnp.asarray(rng.integers(3, 90, s.shape).astype(s.dtype) if s.dtype == jnp.int32
+                       else rng.random(s.shape).astype(s.dtype)) for k, s in spec.items()}
+  mb["mask"] = jnp.ones_like(mb["mask"])
+  train = jnp.asarray(True)
+  compiled = setup.update_step.lower(state, mb, train).compile()
+  est = _stats(compiled)
+  jax.block_until_ready((state, mb))
+  page = os.sysconf("SC_PAGE_SIZE")
+  rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page  # noqa: E731
+  before, peak, done = rss(), [0], threading.Event()
+
+  def poll():
+    while not done.is_set():
+      peak[0] = max(peak[0], rss())
+      time.sleep(0.0005)
+  thread = threading.Thread(target=poll)
+  thread.start()
+  new_state, _ = setup.update_step(state, mb, train)
+  jax.block_until_ready(new_state)
+  done.set()
+  thread.join()
+  expected = est["temp"] + est["out"] - est["alias"]
+  print("RSS " + json.dumps({"rss_growth": peak[0] - before, "xla_allocated": expected,
+                             "xla": est, "seq": a.rss_seq}))
+
+
+def rss_check(a):
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=ROOT)
+  argv = [sys.executable, os.path.abspath(__file__), "--rss-child", *sys.argv[1:]]
+  out = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-3000:])
+  return json.loads(out.stdout.split("RSS ")[-1])
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--vocab", type=int, default=32_000)
+  ap.add_argument("--width", type=int, default=256)
+  ap.add_argument("--mlp", type=int, default=768)
+  ap.add_argument("--layers", type=int, default=4)
+  ap.add_argument("--heads", type=int, default=4)
+  ap.add_argument("--kv-heads", type=int, default=2)
+  ap.add_argument("--head-dim", type=int, default=64)
+  ap.add_argument("--batch", type=int, default=8, help="sequences per update step")
+  ap.add_argument("--seq", type=int, default=1024, help="prompt + completion tokens")
+  ap.add_argument("--prompt", type=int, default=16, help="prompt tokens (the task's bucket)")
+  ap.add_argument("--micro", type=int, default=4)
+  ap.add_argument("--scheduler", choices=list(SCHEDULERS), default="memory")
+  ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
+  ap.add_argument("--rss", action="store_true", help="cross-check against process RSS")
+  ap.add_argument("--rss-seq", type=int, default=512)
+  ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+  a = ap.parse_args()
+  _set_scheduler(a.scheduler)
+  sys.path.insert(0, ROOT)
+  if a.rss_child:
+    return _rss_child(a)
+  chosen = rows(a)
+  if a.rows:
+    chosen = [chosen[int(i)] for i in a.rows.split(",")]
+  results = []
+  for row in chosen:
+    results.append(measure(a, row))
+    print(f"# {row['name']}: update peak {_mb(results[-1]['update']['peak'])} MB", flush=True)
+  r0 = results[0]
+  print(f"\nV={a.vocab} D={a.width} MLP={a.mlp} L={a.layers} H={a.heads}x{a.head_dim} "
+        f"KV={a.kv_heads}; {a.batch} sequences x ({r0['prompt_len']} prompt + "
+        f"{r0['completion_len']} completion) tokens; fp32 unless stated; XLA CPU "
+        f"{a.scheduler} scheduler; MB = 2^20 bytes\n")
+  print(table(results))
+  extra = {}
+  if a.rss:
+    check = rss_check(a)
+    extra = {"rss_check": check}
+    print(f"\nRSS cross-check (baseline row, seq {a.rss_seq}): resident set grew by "
+          f"{_mb(check['rss_growth'])} MB during the step; XLA's estimate of what it "
+          f"allocates (temp + outputs - aliased) is {_mb(check['xla_allocated'])} MB "
+          f"(ratio {check['rss_growth'] / check['xla_allocated']:.2f})")
+  base = results[0]["update"]["peak"]
+  best = next((r for r in results if r["name"].startswith("+ remat + ")), results[-1])
+  print("RESULT " + json.dumps({"metric": "update_peak_bytes", "rljax": best["update"]["peak"],
+                                "peer": base, "ratio": round(base / best["update"]["peak"], 2),
+                                **extra}))
+
+
+if __name__ == "__main__":
+  main()
