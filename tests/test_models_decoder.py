@@ -104,8 +104,8 @@ def test_bf16_compute_close_to_fp32(param_dtype="bfloat16"):
   assert np.max(np.abs(np.asarray(l16) - l32)[real]) < 0.05
 
 
-@pytest.mark.parametrize("f,d", [(12, 5), (5, 12)])   # both weight-gradient orientations
-def test_dense_custom_vjp_equals_autodiff_of_matmul(f, d):
+@pytest.mark.parametrize("f,d", [(12, 5), (5, 12)])
+def test_dense_value_and_gradients_equal_the_matmul(f, d):
   """`layers.dense` only changes how XLA lays out the weight gradient, not its value."""
   from rljax.models.layers import dense
   rng = np.random.default_rng(0)

@@ -123,14 +123,15 @@ def _update_memory_report(tmp_path):
   """Run in a subprocess: temp bytes of the compiled update step for three variants, and
   the metrics / new parameters of base and remat after one step on the same batch."""
   small = {"model.num_layers": 4, "model.hidden_size": 128, "model.intermediate_size": 384,
-           "model.head_dim": 64, "sampling.max_new_tokens": 96, "parallel.num_devices": 1}
+           "model.head_dim": 64, "sampling.max_new_tokens": 960, "model.max_position_embeddings": 1024,
+           "parallel.num_devices": 1}
   report, params = {}, {}
   for name, extra in {"base": {}, "remat": {"model.remat": True},
                       "micro4": {"algo.microbatches": 4}}.items():
     s = setup_lib.build(micro_config("grpo", tmp_path, **small, **extra))
     state = setup_lib.init_state(s, s.initial_actor, with_reference=False)
     setup_lib.compile_update(s, state)
-    batch = _minibatch(s, 16)
+    batch = _minibatch(s, 4)
     compiled = s.update_step.lower(state, batch, jnp.asarray(True)).compile()
     report[name] = {"temp": compiled.memory_analysis().temp_size_in_bytes}
     if name != "micro4":
@@ -144,14 +145,15 @@ def _update_memory_report(tmp_path):
 
 
 def test_remat_and_microbatches_lower_update_temp_memory(tmp_path):
-  """XLA's compiled temp bytes of the real update step (4 layers, 16 sequences x 112 tokens):
+  """XLA's compiled temp bytes of the real update step (4 layers, 4 sequences x ~1,000 tokens):
   remat and 4 micro-batches each cut them; remat leaves loss, gradient norm and the new
   parameters unchanged (micro-batch equality: tests/test_train_e2e.py).
 
   Note: XLA CPU's default concurrency-optimised scheduler ignores memory and runs every
   recomputation early, which undoes remat; the subprocess uses the memory-minimising
-  scheduler (GPU/TPU schedulers are memory-aware). Even so, XLA CPU packs the temporaries
-  of this small step loosely: remat saves 15 % here, 4 micro-batches 78 %."""
+  scheduler (GPU/TPU schedulers are memory-aware). Remat saves 18 % here (on short
+  sequences, ~100 tokens, it saves nothing: the activations it drops are small next to the
+  rest), 4 micro-batches 74 %."""
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " " + MEMORY_SCHEDULER_FLAG
   code = ("import pathlib, test_train_memory as t; "
@@ -161,7 +163,7 @@ def test_remat_and_microbatches_lower_update_temp_memory(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads(out.stdout.split("REPORT ")[-1])
   temps = {k: report[k]["temp"] for k in ("base", "remat", "micro4")}
-  assert temps["remat"] < 0.9 * temps["base"], temps   # measured 0.85 (remat off: 1.0)
+  assert temps["remat"] < 0.9 * temps["base"], temps   # measured 0.82 (remat off: 1.0)
   assert temps["micro4"] < 0.5 * temps["base"], temps
   for key in ("loss", "pg_loss", "grad_norm", "entropy"):
     np.testing.assert_allclose(report["remat"][key], report["base"][key], rtol=1e-5, atol=1e-7,
