@@ -86,10 +86,11 @@ def base_config() -> ConfigDict:
 
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
   c.sft = ConfigDict(dict(
-      steps=800,
+      steps=500,
       batch_size=32,
       lr=3e-3,
       warmup_steps=20,
+      end_lr_fraction=0.1,   # cosine decay to lr x this after warm-up (1.0: constant lr)
       cache_dir="runs/sft_cache",  # "" disables caching
   ))
 

@@ -13,11 +13,12 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 
 from rljax.data.batching import left_pad
-from rljax.train import objective, update
+from rljax.train import objective
 
 
 def demonstration_batch(ctx, prompts, completion_len):
@@ -59,10 +60,26 @@ def sft_step_fn(graphdef, tx):
   return step
 
 
-def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progress=False):
+def sft_optimizer(lr, *, warmup_steps, steps, end_lr_fraction):
+  """AdamW (clip 1.0) with linear warm-up, then cosine decay to `end_lr_fraction`·lr.
+
+  Decaying matters for a short, high-lr cold start: at a constant 3e-3 the last step
+  lands anywhere in the loss's noise band, and the held-out accuracy of the start
+  varied from 27 % to 65 % between float-rounding-level changes of the same seed.
+  """
+  warmup = max(warmup_steps, 1)
+  schedule = optax.warmup_cosine_decay_schedule(
+      0.0, lr, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
+      end_value=lr * end_lr_fraction)
+  return optax.chain(optax.clip_by_global_norm(1.0),
+                     optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=0.0))
+
+
+def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progress=False,
+              end_lr_fraction=1.0):
   """`steps` AdamW steps of token-mean NLL on demonstrations; returns (params, last loss)."""
-  tx = update.make_optimizer(lr, warmup_steps=warmup_steps, weight_decay=0.0, b1=0.9, b2=0.99,
-                             grad_clip=1.0)
+  tx = sft_optimizer(lr, warmup_steps=warmup_steps, steps=steps,
+                     end_lr_fraction=end_lr_fraction)
   step = jax.jit(sft_step_fn(setup.actor_graphdef, tx))
   prompts = setup.task.train_prompts()
   rng = np.random.default_rng(seed)
@@ -94,7 +111,7 @@ def warm_start(setup, params):
         return ckpt.restore(cache, target)
   params, _ = train_sft(setup, params, steps=c.sft.steps, batch_size=c.sft.batch_size,
                         lr=c.sft.lr, warmup_steps=c.sft.warmup_steps, seed=c.run.seed,
-                        progress=c.run.progress)
+                        progress=c.run.progress, end_lr_fraction=c.sft.end_lr_fraction)
   if cache is not None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckpt:
