@@ -1,5 +1,7 @@
 """Decoder: KV-cache prefill + decode equals the full forward; masking; remat; bf16."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,15 +36,17 @@ def _full(model, tokens, positions, mask):
   return model(tokens, positions=positions, attention_mask=mask)
 
 
-@nnx.jit
-def _cached(model, tokens, positions, cache, start, kv_mask):
+@functools.partial(nnx.jit, static_argnames="fused")
+def _cached(model, tokens, positions, cache, start, kv_mask, fused=False):
   return model.forward_cached(tokens, positions=positions, cache=cache, start=start,
-                              kv_mask=kv_mask)
+                              kv_mask=kv_mask, fused=model.fused_weights() if fused else None)
 
 
-@pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("bfloat16", 0.05)])
-def test_kv_cache_decode_equals_full_forward_left_padded(dtype, atol):
-  model = _randomize(Decoder(CFG.replace(dtype=dtype), rngs=nnx.Rngs(0)), 1)
+@pytest.mark.parametrize("dtype,atol,fused", [("float32", 1e-5, False), ("float32", 1e-5, True),
+                                              ("bfloat16", 0.05, False)])
+def test_kv_cache_decode_equals_full_forward_left_padded(dtype, atol, fused):
+  """Also with the decode loop's fused q|k|v and gate|up matmuls (`fused_weights`)."""
+  model = _randomize(Decoder(CFG.replace(dtype=dtype, qk_norm=True), rngs=nnx.Rngs(0)), 1)
   b, p, t, s_max = 4, 6, 5, 16
   tokens, positions, mask = _left_padded(np.random.default_rng(0), b, p, t, CFG.vocab_size)
   full = np.asarray(_full(model, tokens, positions, mask))
@@ -54,7 +58,7 @@ def test_kv_cache_decode_equals_full_forward_left_padded(dtype, atol):
   for i in range(p, p + t):  # one compiled decode step, start traced
     kv_mask = kv_mask.at[:, i].set(1)
     logits, cache = _cached(model, tokens[:, i:i + 1], positions[:, i:i + 1], cache,
-                            jnp.int32(i), kv_mask)
+                            jnp.int32(i), kv_mask, fused=fused)
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, i], atol=atol, rtol=1e-5)
 
 

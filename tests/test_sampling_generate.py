@@ -123,10 +123,12 @@ def test_segmented_decode_equals_one_loop_and_teacher_forcing(model, monkeypatch
   """Decoding in while_loops over growing caches changes nothing but the cost."""
   tokens, mask = _prompts([3, 7, 1, 5], width=7, seed=4)
   sp = SAMPLING.replace(max_new_tokens=40, stop_tokens=(5,))
-  one = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
-  monkeypatch.setattr(sampler, "SEGMENT_MIN_CACHE_BYTES", 0)
   assert len(sampler.segment_ends(40, max_segments=sampler.MAX_SEGMENTS)) == 2
   seg = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
+  monkeypatch.setattr(sampler, "MAX_SEGMENTS", 1)
+  sampler._decode_jit.clear_cache()          # MAX_SEGMENTS is read when tracing
+  one = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
+  sampler._decode_jit.clear_cache()
   np.testing.assert_array_equal(seg.tokens, one.tokens)
   np.testing.assert_array_equal(seg.mask, one.mask)
   np.testing.assert_allclose(seg.logp, one.logp, atol=1e-6)

@@ -154,7 +154,15 @@ class Decoder(nnx.Module):
     zeros = lambda: tuple(jnp.zeros(shape, c.compute_dtype) for _ in range(c.num_layers))
     return KVCache(zeros(), zeros())
 
-  def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
+  def fused_weights(self):
+    """Per layer, the q|k|v and gate|up projections concatenated (`DecoderLayer.fused_weights`).
+
+    Compute once before a decode loop and pass as `fused=` to `forward_cached`: the
+    values are unchanged, a few-row decode step runs two matmuls per layer fewer.
+    """
+    return tuple(layer.fused_weights() for layer in self.layers)
+
+  def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask, fused=None):
     """Like `forward_cached` but returns final-normed hidden states [B,S,D] instead of logits.
 
     Useful for prefill, where only the last position needs the lm head.
@@ -171,12 +179,14 @@ class Decoder(nnx.Module):
     mask_bst = causal[None] & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
-      x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start)
+      x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
+                                 fused=None if fused is None else fused[i])
       ks.append(k_i)
       vs.append(v_i)
     return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
 
-  def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask):
+  def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask,
+                     fused=None):
     """Forward S new tokens against a KV cache (prefill: S = prompt length; decode: S = 1).
 
     Writes K/V of the new tokens into slots [start, start+S); query i attends slot j
@@ -188,9 +198,10 @@ class Decoder(nnx.Module):
       cache: `KVCache`, k[l] and v[l] [B,K,S_max,Dh] for each of the L layers.
       start: int scalar (may be traced), first slot written.
       kv_mask: [B,S_max], 1 = slot holds a real token (including the new ones).
+      fused: optional `fused_weights()` (same values, faster few-row steps).
     Returns:
       (logits float32 [B,S,V], updated cache).
     """
     hidden, cache = self.hidden_cached(
-        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask)
+        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask, fused=fused)
     return self.logits_from_hidden(hidden), cache

@@ -130,19 +130,46 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(dh, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
       self.k_norm = RMSNorm(dh, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
 
-  def qkv(self, x_bsd, cos, sin):
-    """Projects to queries [B,S,H,Dh] and keys/values [B,S,K,Dh], RoPE applied."""
+  def fused_qkv(self):
+    """The q|k|v projections as one [D, (H+2K)·Dh] matrix (and bias, or None), for decoding."""
+    dt, d = self.cfg.compute_dtype, self.cfg.hidden_size
+    flat = lambda p: p[...].reshape(d, -1).astype(dt)  # noqa: E731
+    w = jnp.concatenate([flat(self.q), flat(self.k), flat(self.v)], axis=1)
+    if not self.cfg.attention_bias:
+      return w, None
+    b = jnp.concatenate([self.q_bias[...].reshape(-1), self.k_bias[...].reshape(-1),
+                         self.v_bias[...].reshape(-1)]).astype(dt)
+    return w, b
+
+  def qkv(self, x_bsd, cos, sin, fused=None):
+    """Projects to queries [B,S,H,Dh] and keys/values [B,S,K,Dh], RoPE applied.
+
+    `fused` = `fused_qkv()` computes the three projections as one matmul (same values):
+    a decode step's matmuls have a few rows only, where one [D, (H+2K)·Dh] product is
+    2-2.5x faster on CPU than three narrow ones.
+    """
     dt = self.cfg.compute_dtype
-    q = _project_heads(x_bsd, self.q[...].astype(dt))
-    k = _project_heads(x_bsd, self.k[...].astype(dt))
-    v = _project_heads(x_bsd, self.v[...].astype(dt))
-    if self.cfg.attention_bias:
-      q = q + self.q_bias[...].astype(dt)
-      k = k + self.k_bias[...].astype(dt)
-      v = v + self.v_bias[...].astype(dt)
+    if fused is None:
+      q = _project_heads(x_bsd, self.q[...].astype(dt))
+      k = _project_heads(x_bsd, self.k[...].astype(dt))
+      v = _project_heads(x_bsd, self.v[...].astype(dt))
+      if self.cfg.attention_bias:
+        q = q + self.q_bias[...].astype(dt)
+        k = k + self.k_bias[...].astype(dt)
+        v = v + self.v_bias[...].astype(dt)
+    else:
+      q, k, v = self._split_fused(x_bsd, *fused)
     if self.cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+  def _split_fused(self, x_bsd, w, b):
+    c = self.cfg
+    y = dense(x_bsd, w) if b is None else dense(x_bsd, w) + b
+    q, k, v = jnp.split(y, [c.num_heads * c.head_dim, (c.num_heads + c.num_kv_heads) * c.head_dim],
+                        axis=-1)
+    heads = lambda t: t.reshape(*t.shape[:-1], -1, c.head_dim)  # noqa: E731
+    return heads(q), heads(k), heads(v)
 
   def attend(self, q_bshe, k_bkte, v_bkte, mask_bst):
     """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D].
@@ -226,10 +253,17 @@ class MLP(nnx.Module):
     self.up = param(rngs, (d, f), ("embed", "mlp"), pd)
     self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
 
-  def __call__(self, x_bsd):
+  def fused_gate_up(self):
+    """gate|up as one [D, 2F] matrix, for decoding (see `Attention.qkv`)."""
+    return jnp.concatenate([self.gate[...], self.up[...]], axis=1).astype(self.dtype)
+
+  def __call__(self, x_bsd, gate_up=None):
     dt = self.dtype
-    g = dense(x_bsd, self.gate[...].astype(dt))  # [B,S,F]
-    u = dense(x_bsd, self.up[...].astype(dt))  # [B,S,F]
+    if gate_up is None:
+      g = dense(x_bsd, self.gate[...].astype(dt))  # [B,S,F]
+      u = dense(x_bsd, self.up[...].astype(dt))  # [B,S,F]
+    else:
+      g, u = jnp.split(dense(x_bsd, gate_up), 2, axis=-1)
     return dense(jax.nn.silu(g) * u, self.down[...].astype(dt))  # [B,S,D]
 
 
@@ -249,18 +283,25 @@ class DecoderLayer(nnx.Module):
     x_bsd = x_bsd + self.attn.attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask_bst)
     return x_bsd + self.mlp(self.mlp_norm(x_bsd))
 
-  def cached(self, x_bsd, cos, sin, mask_bst, k_bkte, v_bkte, start):
+  def fused_weights(self):
+    """(fused q|k|v weight, its bias or None, fused gate|up weight), for `cached`."""
+    return (*self.attn.fused_qkv(), self.mlp.fused_gate_up())
+
+  def cached(self, x_bsd, cos, sin, mask_bst, k_bkte, v_bkte, start, fused=None):
     """Block over S new tokens that writes their K/V into slots [start, start+S).
 
     Args:
       k_bkte, v_bkte: this layer's cache, [B,K,S_max,Dh] each.
       mask_bst: [B,S,S_max] bool.
+      fused: optional `fused_weights()`, computed once outside a decode loop.
     Returns:
       (x [B,S,D], k_bkte, v_bkte) with the new slots written.
     """
-    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
+    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin,
+                            fused=None if fused is None else fused[:2])
     idx = (0, 0, start, 0)
     k_bkte = jax.lax.dynamic_update_slice(k_bkte, k.swapaxes(1, 2).astype(k_bkte.dtype), idx)
     v_bkte = jax.lax.dynamic_update_slice(v_bkte, v.swapaxes(1, 2).astype(v_bkte.dtype), idx)
     x_bsd = x_bsd + self.attn.attend(q, k_bkte, v_bkte, mask_bst)
-    return x_bsd + self.mlp(self.mlp_norm(x_bsd)), k_bkte, v_bkte
+    gate_up = None if fused is None else fused[2]
+    return x_bsd + self.mlp(self.mlp_norm(x_bsd), gate_up), k_bkte, v_bkte
