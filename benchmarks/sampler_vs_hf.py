@@ -111,12 +111,16 @@ def run_batch(hf, model, cfg, batch: int, reps: int, peak_gflops: float) -> dict
   t0 = time.perf_counter()
   time_rljax(model, tokens, seed=0)                   # compile
   compile_s = time.perf_counter() - t0
-  time_hf(hf, tokens)                                 # warm-up
-  time_rljax(model, tokens, seed=1)
+  # Blocks of calls, each after one untimed call: after a call, torch's OpenMP threads keep
+  # spinning for a while and would slow an interleaved JAX call (and the reverse).
   hf_s, rl_s = [], []
-  for i in range(reps):
-    hf_s.append(time_hf(hf, tokens))
-    rl_s.append(time_rljax(model, tokens, seed=2 + i))
+  seeds = iter(range(1, 10 * reps + 10))
+  for block in range(2):
+    n = reps // 2 + (reps % 2 if block == 0 else 0)
+    time_hf(hf, tokens)
+    hf_s += [time_hf(hf, tokens) for _ in range(n)]
+    time_rljax(model, tokens, seed=next(seeds))
+    rl_s += [time_rljax(model, tokens, seed=next(seeds)) for _ in range(n)]
   n_tok = batch * NEW_TOKENS
   flops = generate_flops(cfg, batch, PROMPT_LEN, NEW_TOKENS)
   rl, peer = n_tok / statistics.median(rl_s), n_tok / statistics.median(hf_s)
