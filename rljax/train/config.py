@@ -86,7 +86,7 @@ def base_config() -> ConfigDict:
 
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
   c.sft = ConfigDict(dict(
-      steps=500,
+      steps=800,
       batch_size=32,
       lr=3e-3,
       warmup_steps=20,

@@ -65,7 +65,9 @@ def sft_optimizer(lr, *, warmup_steps, steps, end_lr_fraction):
 
   Decaying matters for a short, high-lr cold start: at a constant 3e-3 the last step
   lands anywhere in the loss's noise band, and the held-out accuracy of the start
-  varied from 27 % to 65 % between float-rounding-level changes of the same seed.
+  varied from 27 % to 65 % between float-rounding-level changes of the same seed (with
+  the decay: 62-75 %). A shorter start (500 steps, 36-65 %) left a high-entropy policy
+  (0.19 nats/token vs 0.07) from which GRPO at the default lr lost accuracy.
   """
   warmup = max(warmup_steps, 1)
   schedule = optax.warmup_cosine_decay_schedule(
