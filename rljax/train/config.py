@@ -181,7 +181,9 @@ def base_config() -> ConfigDict:
   ))
 
   c.optim = ConfigDict(dict(
-      actor_lr=3e-4,
+      # 3e-5: from the cosine-decayed SFT start, GRPO at 3e-4 lost 1-20 points of held-out
+      # accuracy (3 seeds); at 3e-5 greedy +0.5 and avg@4 +2.6 points on average.
+      actor_lr=3e-5,
       critic_lr=6e-4,
       warmup_steps=5,
       weight_decay=0.0,
