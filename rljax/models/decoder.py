@@ -31,11 +31,6 @@ class KVCache(NamedTuple):
     """S_max, the number of slots."""
     return self.k[0].shape[2]
 
-  @property
-  def nbytes(self) -> int:
-    """Bytes held by all layers' keys and values (static: shapes and dtypes only)."""
-    return sum(x.size * x.dtype.itemsize for x in (*self.k, *self.v))
-
   def grow(self, max_len: int) -> KVCache:
     """The same cache with zero slots appended up to `max_len` (one copy per array)."""
     extra = max_len - self.max_len
