@@ -4,15 +4,25 @@ Workload (../shared/PERF_NOTES.md): Qwen2 layout, vocab 512, width 256, MLP 768,
 4 query heads x 64, 2 KV heads, untied lm head, rope θ 1e4; prompts of 32 tokens, exactly
 96 sampled tokens (no stop token), temperature 1, no top-k / top-p. The HF model is built
 with torch (`torch.manual_seed`), saved with `save_pretrained` and loaded into rljax with
-`rljax.models.load_hf`, so both sample from the same weights. Runs are interleaved
-(HF, rljax, HF, ...) so both see the same machine load; medians after warm-up.
+`rljax.models.load_hf`, so both sample from the same weights and the same prompts.
+
+Each side runs in its own worker process (this script with `--worker`); both stay
+alive, and the script asks them for one generate call at a time, alternating HF and
+rljax (the order flipped every round, 0.1 s apart), after two untimed warm-up calls
+each. Medians of the per-call times. Why: on this shared VM a process's speed drifts
+by up to 1.7x within seconds (the same rljax code measured 57-98 ms per batch-8 call
+across fresh processes, HF 185-275 ms within one), so only call-by-call alternation
+gives both sides the same machine; and once torch's OpenMP pool has run in a process,
+the JAX calls made afterwards in it ran ~28 % slower (batch 8, 68 -> 87 ms median).
+`--in-process` alternates the calls within this one process instead.
 
 Also reports the fraction of the measured fp32 matmul roofline (1024³ `jnp.dot`) that
 each sampler reaches, with FLOPs counted analytically as in PERF_NOTES: 2·(matmul
 parameters) per position for all prompt + generated positions, plus causal attention
 4·H·Dh·ctx per position and layer.
 
-    python benchmarks/sampler_vs_hf.py [--reps 7] [--batches 64,8] [--torch-threads N]
+    python benchmarks/sampler_vs_hf.py [--reps 12] [--batches 64,8] [--torch-threads N]
+                                       [--in-process]
 
 The machine this runs on is shared: the load average is printed and recorded, and the
 PERF_NOTES figures for `transformers` on the idle machine (5,050 / 1,712 tok/s at batch
@@ -28,6 +38,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -45,6 +57,8 @@ HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hid
                  rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-6)
 PROMPT_LEN, NEW_TOKENS = 32, 96
 PEER_REFERENCE = {64: 5050.0, 8: 1712.0}   # PERF_NOTES: transformers eager generate, idle machine
+WARMUP_CALLS = 2   # untimed calls per side (the first one compiles)
+PAUSE_S = 0.1      # between calls, so one side's spinning threads have stopped
 
 
 def generate_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
@@ -74,13 +88,20 @@ def matmul_gflops(n: int = 1024, reps: int = 7) -> float:
   return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
-def build_models(seed: int = 0):
+def build_models(seed: int = 0, save_to: str | None = None):
+  """The seeded HF model, saved (to `save_to`, or a temporary directory), loaded into rljax."""
   torch.manual_seed(seed)
   hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**HF_CONFIG)).eval()
-  with tempfile.TemporaryDirectory() as path:
+  with tempfile.TemporaryDirectory() as tmp:
+    path = save_to or tmp
     hf.save_pretrained(path)
     model, cfg = load_hf(path)
   return hf, model, cfg
+
+
+def prompts(batch: int, vocab_size: int) -> np.ndarray:
+  """The benchmark's prompts for one batch size (identical in every worker)."""
+  return np.random.default_rng(batch).integers(1, vocab_size, (batch, PROMPT_LEN))
 
 
 def time_hf(hf, tokens: np.ndarray) -> float:
@@ -107,21 +128,86 @@ def time_rljax(model, tokens: np.ndarray, seed: int) -> float:
   return dt
 
 
-def run_batch(hf, model, cfg, batch: int, reps: int, peak_gflops: float) -> dict:
-  tokens = np.random.default_rng(batch).integers(1, cfg.vocab_size, (batch, PROMPT_LEN))
-  t0 = time.perf_counter()
-  time_rljax(model, tokens, seed=0)                   # compile
-  compile_s = time.perf_counter() - t0
-  # Blocks of calls, each after one untimed call: after a call, torch's OpenMP threads keep
-  # spinning for a while and would slow an interleaved JAX call (and the reverse).
+def make_sampler(side: str, model_dir: str, batch: int, seed: int, torch_threads: int = 0):
+  """Load the saved weights into one side; returns call(i) -> seconds for one generate."""
+  if side == "hf":
+    if torch_threads:
+      torch.set_num_threads(torch_threads)
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokens = prompts(batch, hf.config.vocab_size)
+    return lambda i: time_hf(hf, tokens)
+  model, cfg = load_hf(model_dir)
+  tokens = prompts(batch, cfg.vocab_size)
+  return lambda i: time_rljax(model, tokens, seed=seed + i)
+
+
+def serve(args) -> None:
+  """Worker: warm up, print READY, then time one call per `run` line read from stdin."""
+  transformers.utils.logging.disable_progress_bar()
+  call = make_sampler(args.worker, args.model_dir, int(args.batches), args.seed,
+                      args.torch_threads)
+  first = [call(-1 - i) for i in range(WARMUP_CALLS)][0]
+  print(f"READY {first}", flush=True)
+  for i, line in enumerate(sys.stdin):
+    if line.strip() != "run":
+      break
+    print(f"TIME {call(i)}", flush=True)
+  print("DONE " + json.dumps({"compiled": compile_count() if args.worker == "rljax" else 0}),
+        flush=True)
+
+
+class Worker:
+  """One side's sampler in its own process (`serve`), called one generate at a time."""
+
+  def __init__(self, side: str, model_dir: str, batch: int, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--model-dir",
+           model_dir, "--batches", str(batch), "--seed", str(args.seed),
+           "--torch-threads", str(args.torch_threads)]
+    self.side = side
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.first_s = float(self._expect("READY"))
+
+  def _expect(self, tag: str) -> str:
+    for line in self.proc.stdout:
+      if line.startswith(tag + " "):
+        return line[len(tag) + 1:].strip()
+    raise RuntimeError(f"{self.side} worker exited ({self.proc.wait()}) before {tag}")
+
+  def __call__(self, i: int) -> float:
+    self.proc.stdin.write("run\n")
+    self.proc.stdin.flush()
+    return float(self._expect("TIME"))
+
+  def close(self) -> dict:
+    self.proc.stdin.close()
+    info = json.loads(self._expect("DONE"))
+    self.proc.wait()
+    return info
+
+
+def time_pair(model_dir: str, batch: int, args) -> tuple[list, list, float, int]:
+  """Per-call alternation of HF and rljax (order flipped every round), a pause between."""
+  if args.in_process:
+    hf = make_sampler("hf", model_dir, batch, args.seed, args.torch_threads)
+    rl = make_sampler("rljax", model_dir, batch, args.seed)
+    first = [rl(-1 - i) for i in range(WARMUP_CALLS)][0]
+    [hf(-1 - i) for i in range(WARMUP_CALLS)]
+  else:
+    hf, rl = Worker("hf", model_dir, batch, args), Worker("rljax", model_dir, batch, args)
+    first = rl.first_s
   hf_s, rl_s = [], []
-  seeds = iter(range(1, 10 * reps + 10))
-  for block in range(2):
-    n = reps // 2 + (reps % 2 if block == 0 else 0)
-    time_hf(hf, tokens)
-    hf_s += [time_hf(hf, tokens) for _ in range(n)]
-    time_rljax(model, tokens, seed=next(seeds))
-    rl_s += [time_rljax(model, tokens, seed=next(seeds)) for _ in range(n)]
+  for i in range(args.reps):
+    for side in ((hf, rl) if i % 2 == 0 else (rl, hf)):
+      (hf_s if side is hf else rl_s).append(side(i))
+      time.sleep(PAUSE_S)
+  compiled = compile_count() if args.in_process else rl.close()["compiled"]
+  if not args.in_process:
+    hf.close()
+  return hf_s, rl_s, first, compiled
+
+
+def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict:
+  hf_s, rl_s, first_s, compiled = time_pair(model_dir, batch, args)
   n_tok = batch * NEW_TOKENS
   flops = generate_flops(cfg, batch, PROMPT_LEN, NEW_TOKENS)
   rl, peer = n_tok / statistics.median(rl_s), n_tok / statistics.median(hf_s)
@@ -132,7 +218,7 @@ def run_batch(hf, model, cfg, batch: int, reps: int, peak_gflops: float) -> dict
       "gflop_per_call": round(flops / 1e9, 2),
       "rljax_roofline_fraction": round(flops / statistics.median(rl_s) / 1e9 / peak_gflops, 4),
       "peer_roofline_fraction": round(flops / statistics.median(hf_s) / 1e9 / peak_gflops, 4),
-      "rljax_compile_s": round(compile_s, 2),
+      "rljax_first_call_s": round(first_s, 2), "rljax_programs_compiled": compiled,
   }
   if batch in PEER_REFERENCE:
     res["peer_reference"] = PEER_REFERENCE[batch]
@@ -140,33 +226,46 @@ def run_batch(hf, model, cfg, batch: int, reps: int, peak_gflops: float) -> dict
   print(f"batch {batch:3d}: rljax {rl:8.0f} tok/s  HF {peer:8.0f} tok/s  ratio {rl / peer:5.2f}x"
         f"  | {flops / 1e9:.1f} GFLOP/call, rljax {res['rljax_roofline_fraction']:.1%} /"
         f" HF {res['peer_roofline_fraction']:.1%} of the matmul roofline"
-        f"  | first call (compile) {compile_s:.1f} s", flush=True)
+        f"  | first call (compile) {first_s:.1f} s", flush=True)
   return res
 
 
-def main():
+def parse_args():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--reps", type=int, default=7)
+  parser.add_argument("--reps", type=int, default=12, help="timed calls per side and batch")
   parser.add_argument("--batches", default="64,8")
   parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
-  args = parser.parse_args()
-  if args.torch_threads:
-    torch.set_num_threads(args.torch_threads)
+  parser.add_argument("--in-process", action="store_true",
+                      help="time both sides in this process (torch's threads then slow JAX)")
+  parser.add_argument("--worker", choices=["hf", "rljax"], help=argparse.SUPPRESS)
+  parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+  parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+  return parser.parse_args()
+
+
+def main():
+  args = parse_args()
+  if args.worker:
+    serve(args)
+    return
   load_before = os.getloadavg()[0]
   batches = [int(b) for b in args.batches.split(",")]
   print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), transformers {transformers.__version__}")
-  hf, model, cfg = build_models()
+        f"({args.torch_threads or torch.get_num_threads()} threads), "
+        f"transformers {transformers.__version__}; "
+        f"{'one process' if args.in_process else 'a worker process per side and block'}")
   peak = matmul_gflops()
   print(f"matmul roofline (1024³ fp32 jnp.dot): {peak:.1f} GFLOP/s")
-  results = {b: run_batch(hf, model, cfg, b, args.reps, peak) for b in batches}
+  with tempfile.TemporaryDirectory() as model_dir:
+    _, _, cfg = build_models(save_to=model_dir)
+    results = {b: run_batch(model_dir, cfg, b, args, peak) for b in batches}
   first = batches[0]
   load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
   print(f"load average (1 min) before / after: {load[0]} / {load[1]} on {os.cpu_count()} cores")
   summary = {"metric": f"tokens_per_s_batch{first}", **results[first],
-             "matmul_gflops": round(peak, 1), "programs_compiled": compile_count(),
-             "torch_threads": torch.get_num_threads(), "load_avg_before_after": load,
-             "cpu_count": os.cpu_count()}
+             "matmul_gflops": round(peak, 1), "in_process": args.in_process,
+             "torch_threads": args.torch_threads or torch.get_num_threads(),
+             "load_avg_before_after": load, "cpu_count": os.cpu_count()}
   for b in batches[1:]:
     summary.update({f"{k}_batch{b}": v for k, v in results[b].items()})
   print("RESULT " + json.dumps(summary))

@@ -171,23 +171,24 @@ class Attention(nnx.Module):
     heads = lambda t: t.reshape(*t.shape[:-1], -1, c.head_dim)  # noqa: E731
     return heads(q), heads(k), heads(v)
 
-  def attend(self, q_bshe, k_bkte, v_bkte, mask_bst):
+  def attend(self, q_bshe, k_bkdt, v_bkte, mask_bst):
     """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D].
 
     Args:
       q_bshe: queries [B,S,H,Dh].
-      k_bkte, v_bkte: keys / values [B,K,T,Dh] (heads before time, the KV-cache layout,
-        so the attention dots read them in place).
+      k_bkdt: keys [B,K,Dh,T], transposed (the KV-cache layout): q kᵀ is then a plain
+        [G,Dh] x [Dh,T] matmul per (row, KV head), read in place.
+      v_bkte: values [B,K,T,Dh].
       mask_bst: bool [B,S,T], True = query s may attend key t.
     """
     b, s, h, dh = q_bshe.shape
-    kh = k_bkte.shape[1]
-    chex.assert_shape(mask_bst, (b, s, k_bkte.shape[2]))
+    kh = k_bkdt.shape[1]
+    chex.assert_shape(mask_bst, (b, s, k_bkdt.shape[3]))
     q = q_bshe.reshape(b, s, kh, h // kh, dh) * jnp.asarray(dh ** -0.5, q_bshe.dtype)
     if s == 1:
-      out = _one_query_attention(q[:, 0], k_bkte, v_bkte, mask_bst[:, 0]).reshape(b, s, h, dh)
+      out = _one_query_attention(q[:, 0], k_bkdt, v_bkte, mask_bst[:, 0]).reshape(b, s, h, dh)
     else:
-      scores = jnp.einsum("bskgd,bktd->bkgst", q, k_bkte,
+      scores = jnp.einsum("bskgd,bkdt->bkgst", q, k_bkdt,
                           preferred_element_type=jnp.float32)  # [B,K,G,S,T]
       scores = jnp.where(mask_bst[:, None, None], scores, jnp.finfo(jnp.float32).min)
       probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
@@ -224,19 +225,20 @@ def _project_heads(x_bsd, w_dhe):
   return dense(x_bsd, w_dhe.reshape(d, h * dh)).reshape(*x_bsd.shape[:-1], h, dh)
 
 
-def _one_query_attention(q_bkgd, k_bkte, v_bkte, mask_bt):
-  """Decode-step attention (one query per row) as broadcast-multiply + reduce, fp32.
+def _one_query_attention(q_bkgd, k_bkdt, v_bkte, mask_bt):
+  """Decode-step attention (one query per row): two batched matmuls, fp32 accumulation.
 
-  Same math as the einsum path; on XLA CPU, B·K tiny batched dots are overhead-bound and
-  this form measured 2-3x faster per layer (notes from the sampler benchmark).
-  Returns [B,K,G,Dh] in the value dtype.
+  Same math as the multi-query einsum path. With the keys stored transposed, the
+  scores are a [G,Dh] x [Dh,T] matmul per (row, KV head) over contiguous memory; the
+  broadcast-multiply + reduce form it replaces ran at ~9 GB/s and was ~30 % of a
+  batch-8 decode step (`benchmarks/sampler_vs_hf.py`). Returns [B,K,G,Dh] in the
+  value dtype.
   """
   f32 = jnp.float32
-  scores = jnp.sum(q_bkgd[:, :, :, None, :].astype(f32) * k_bkte[:, :, None].astype(f32),
-                   axis=-1)                                                   # [B,K,G,T]
+  scores = jnp.einsum("bkgd,bkdt->bkgt", q_bkgd, k_bkdt, preferred_element_type=f32)
   scores = jnp.where(mask_bt[:, None, None, :], scores, jnp.finfo(f32).min)
-  probs = jax.nn.softmax(scores, axis=-1)
-  out = jnp.sum(probs[..., None] * v_bkte[:, :, None].astype(f32), axis=-2)   # [B,K,G,Dh]
+  probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
+  out = jnp.einsum("bkgt,bktd->bkgd", probs, v_bkte, preferred_element_type=f32)
   return out.astype(v_bkte.dtype)
 
 
@@ -280,28 +282,34 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x_bsd, cos, sin, mask_bst):
     """Full (uncached) block over S tokens; mask_bst [B,S,S] bool."""
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
-    x_bsd = x_bsd + self.attn.attend(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask_bst)
+    x_bsd = x_bsd + self.attn.attend(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), mask_bst)
     return x_bsd + self.mlp(self.mlp_norm(x_bsd))
 
   def fused_weights(self):
     """(fused q|k|v weight, its bias or None, fused gate|up weight), for `cached`."""
     return (*self.attn.fused_qkv(), self.mlp.fused_gate_up())
 
-  def cached(self, x_bsd, cos, sin, mask_bst, k_bkte, v_bkte, start, fused=None):
+  def cached(self, x_bsd, cos, sin, mask_bst, k_bkdt, v_bkte, start, fused=None):
     """Block over S new tokens that writes their K/V into slots [start, start+S).
 
     Args:
-      k_bkte, v_bkte: this layer's cache, [B,K,S_max,Dh] each.
+      k_bkdt, v_bkte: this layer's cache, keys [B,K,Dh,S_max], values [B,K,S_max,Dh].
       mask_bst: [B,S,S_max] bool.
       fused: optional `fused_weights()`, computed once outside a decode loop.
     Returns:
-      (x [B,S,D], k_bkte, v_bkte) with the new slots written.
+      (x [B,S,D], k_bkdt, v_bkte) with the new slots written.
     """
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin,
                             fused=None if fused is None else fused[:2])
-    idx = (0, 0, start, 0)
-    k_bkte = jax.lax.dynamic_update_slice(k_bkte, k.swapaxes(1, 2).astype(k_bkte.dtype), idx)
-    v_bkte = jax.lax.dynamic_update_slice(v_bkte, v.swapaxes(1, 2).astype(v_bkte.dtype), idx)
-    x_bsd = x_bsd + self.attn.attend(q, k_bkte, v_bkte, mask_bst)
+    k_bkdt = jax.lax.dynamic_update_slice(
+        k_bkdt, k.transpose(0, 2, 3, 1).astype(k_bkdt.dtype), (0, 0, 0, start))
+    v_bkte = jax.lax.dynamic_update_slice(
+        v_bkte, v.swapaxes(1, 2).astype(v_bkte.dtype), (0, 0, start, 0))
+    keys = k_bkdt
+    if x_bsd.shape[1] > 1 and keys.dtype != jnp.float32:
+      # Prefill: XLA CPU has no bf16 x bf16 -> f32 kernel for this batched dot with the
+      # keys in the cache's transposed layout; upcast (once per prompt, not per step).
+      q, keys = q.astype(jnp.float32), keys.astype(jnp.float32)
+    x_bsd = x_bsd + self.attn.attend(q, keys, v_bkte, mask_bst).astype(x_bsd.dtype)
     gate_up = None if fused is None else fused[2]
-    return x_bsd + self.mlp(self.mlp_norm(x_bsd), gate_up), k_bkte, v_bkte
+    return x_bsd + self.mlp(self.mlp_norm(x_bsd), gate_up), k_bkdt, v_bkte
