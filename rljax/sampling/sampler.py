@@ -204,7 +204,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
   tokens_rw, mask_rw, state = _place(mesh, tokens_rw, mask_rw, state)
   out = _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
-  out = jax.tree.map(lambda x: x[:rows], out)
+  if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
+    out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
       tokens=out.tokens, mask=out.mask, logp=out.logp, logp_full=out.logp_full,
       truncated=out.truncated,
