@@ -6,23 +6,24 @@ Workload (../shared/PERF_NOTES.md): Qwen2 layout, vocab 512, width 256, MLP 768,
 with torch (`torch.manual_seed`), saved with `save_pretrained` and loaded into rljax with
 `rljax.models.load_hf`, so both sample from the same weights and the same prompts.
 
-Each side runs in its own worker process (this script with `--worker`); both stay
-alive, and the script asks them for one generate call at a time, alternating HF and
-rljax (the order flipped every round, 0.1 s apart), after two untimed warm-up calls
-each. Medians of the per-call times. Why: on this shared VM a process's speed drifts
-by up to 1.7x within seconds (the same rljax code measured 57-98 ms per batch-8 call
-across fresh processes, HF 185-275 ms within one), so only call-by-call alternation
-gives both sides the same machine; and once torch's OpenMP pool has run in a process,
-the JAX calls made afterwards in it ran ~28 % slower (batch 8, 68 -> 87 ms median).
-`--in-process` alternates the calls within this one process instead.
+Each side runs in its own worker process (this script with `--worker`). A round starts
+one HF and one rljax worker, warms each up with two untimed calls, then asks them for one
+generate call at a time, alternating (order flipped every call pair, 0.1 s apart); the
+`--reps` calls per side are spread over `--rounds` rounds of fresh workers, and the
+ratio is of the medians over all calls. Why: on this shared VM a process's speed depends
+on the process and drifts within seconds (the same rljax code measured 57-98 ms per
+batch-8 call across fresh processes, HF 185-275 ms within one), so both sides must
+sample several processes and the same moments; and once torch's OpenMP pool has run in
+a process, the JAX calls made afterwards in it ran ~28 % slower (batch 8, 68 -> 87 ms
+median). `--in-process` alternates the calls within this one process instead.
 
 Also reports the fraction of the measured fp32 matmul roofline (1024³ `jnp.dot`) that
 each sampler reaches, with FLOPs counted analytically as in PERF_NOTES: 2·(matmul
 parameters) per position for all prompt + generated positions, plus causal attention
 4·H·Dh·ctx per position and layer.
 
-    python benchmarks/sampler_vs_hf.py [--reps 12] [--batches 64,8] [--torch-threads N]
-                                       [--in-process]
+    python benchmarks/sampler_vs_hf.py [--reps 15] [--rounds 3] [--batches 64,8]
+                                       [--torch-threads N] [--in-process]
 
 The machine this runs on is shared: the load average is printed and recorded, and the
 PERF_NOTES figures for `transformers` on the idle machine (5,050 / 1,712 tok/s at batch
@@ -185,18 +186,20 @@ class Worker:
     return info
 
 
-def time_pair(model_dir: str, batch: int, args) -> tuple[list, list, float, int]:
-  """Per-call alternation of HF and rljax (order flipped every round), a pause between."""
+def time_pair(model_dir: str, batch: int, reps: int, seed: int, args):
+  """`reps` calls per side, alternating HF and rljax call by call (order flipped every
+  round, a pause between). Returns (HF seconds, rljax seconds, rljax first call, compiles)."""
   if args.in_process:
-    hf = make_sampler("hf", model_dir, batch, args.seed, args.torch_threads)
-    rl = make_sampler("rljax", model_dir, batch, args.seed)
+    hf = make_sampler("hf", model_dir, batch, seed, args.torch_threads)
+    rl = make_sampler("rljax", model_dir, batch, seed)
     first = [rl(-1 - i) for i in range(WARMUP_CALLS)][0]
     [hf(-1 - i) for i in range(WARMUP_CALLS)]
   else:
-    hf, rl = Worker("hf", model_dir, batch, args), Worker("rljax", model_dir, batch, args)
+    args_seed = argparse.Namespace(**{**vars(args), "seed": seed})
+    hf, rl = Worker("hf", model_dir, batch, args_seed), Worker("rljax", model_dir, batch, args_seed)
     first = rl.first_s
   hf_s, rl_s = [], []
-  for i in range(args.reps):
+  for i in range(reps):
     for side in ((hf, rl) if i % 2 == 0 else (rl, hf)):
       (hf_s if side is hf else rl_s).append(side(i))
       time.sleep(PAUSE_S)
@@ -206,8 +209,20 @@ def time_pair(model_dir: str, batch: int, args) -> tuple[list, list, float, int]
   return hf_s, rl_s, first, compiled
 
 
+def time_rounds(model_dir: str, batch: int, args):
+  """`time_pair` in `args.rounds` fresh pairs of workers: a process's speed on this VM
+  depends on the process (see the module docstring), so both sides sample several."""
+  rounds = 1 if args.in_process else args.rounds
+  hf_s, rl_s, first, compiled = [], [], [], 0
+  for r in range(rounds):
+    reps = args.reps // rounds + (1 if r < args.reps % rounds else 0)
+    h, rl, f, c = time_pair(model_dir, batch, reps, args.seed + 1000 * r, args)
+    hf_s, rl_s, first, compiled = hf_s + h, rl_s + rl, first + [f], max(compiled, c)
+  return hf_s, rl_s, first[0], compiled
+
+
 def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict:
-  hf_s, rl_s, first_s, compiled = time_pair(model_dir, batch, args)
+  hf_s, rl_s, first_s, compiled = time_rounds(model_dir, batch, args)
   n_tok = batch * NEW_TOKENS
   flops = generate_flops(cfg, batch, PROMPT_LEN, NEW_TOKENS)
   rl, peer = n_tok / statistics.median(rl_s), n_tok / statistics.median(hf_s)
@@ -232,7 +247,9 @@ def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict
 
 def parse_args():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--reps", type=int, default=12, help="timed calls per side and batch")
+  parser.add_argument("--reps", type=int, default=15, help="timed calls per side and batch")
+  parser.add_argument("--rounds", type=int, default=3,
+                      help="fresh pairs of worker processes the calls are spread over")
   parser.add_argument("--batches", default="64,8")
   parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
   parser.add_argument("--in-process", action="store_true",
