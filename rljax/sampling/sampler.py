@@ -78,9 +78,9 @@ def _is_stop(tokens_r, stop_tokens):
   return jnp.any(tokens_r[:, None] == jnp.asarray(stop_tokens, jnp.int32)[None, :], axis=-1)
 
 
-def _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs):
+def _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs, fused):
   """Runs the prompt through the model; returns the last position's logits [R, V] and cache."""
-  kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs)
+  kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs, **fused)
   if hasattr(model, "hidden_cached"):   # lm head on the last position only
     hidden_rpd, cache = model.hidden_cached(tokens_rp, **kwargs)
     return model.logits_from_hidden(hidden_rpd[:, -1]), cache
@@ -98,8 +98,12 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
   prompt_len_r = jnp.sum(mask_rp, axis=-1)
   positions_rp = positions_from_mask(mask_rp)
   kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
+  # q|k|v and gate|up concatenated once, for the prefill and every decode step: fewer,
+  # wider matmuls.
+  fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
   cache = model.init_cache(r, p)
-  last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs[:, :p])
+  last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs[:, :p],
+                                   fused)
   step = _sampler(spec, scalars_3, rng, r)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
   out = _Decoded(
@@ -109,8 +113,6 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
       logp_full=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_full_r),
       truncated=~_is_stop(tok_r, spec.stop_tokens))
   carry = (jnp.int32(1), tok_r, cache, out)
-  # q|k|v and gate|up concatenated once, outside the loop: fewer, wider matmuls per step.
-  fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
   for t_end in segment_ends(t_max, max_segments=MAX_SEGMENTS):
     # Steps t < t_end write slot p + t - 1 and attend slots [0, p + t): a cache of
     # p + t_end - 1 slots suffices, so early segments read a shorter cache.
