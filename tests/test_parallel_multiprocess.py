@@ -1,7 +1,8 @@
 """Two local JAX processes (2 CPU devices each) joined by `initialize_distributed`.
 
 The sharded forward over the global 4-device mesh (fsdp=2 x tensor=2) must equal each
-process's own unsharded forward, and both report the same replicated fraction.
+process's own unsharded forward, and both report the same replicated fraction. A mesh
+over `select_devices(2)` (`parallel.num_devices=2`) takes one device of each process.
 """
 
 import json
@@ -17,7 +18,7 @@ WORKER = textwrap.dedent("""
   import json, os, sys
   pid, n, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
   from rljax.parallel import (batch_sharding, initialize_distributed, make_mesh,
-                              replicated_fraction, shard_model)
+                              replicated_fraction, select_devices, shard_model)
   assert initialize_distributed(f"localhost:{port}", n, pid)
   import jax, jax.numpy as jnp, numpy as np
   from flax import nnx
@@ -34,8 +35,15 @@ WORKER = textwrap.dedent("""
   glob = multihost_utils.host_local_array_to_global_array(
       tokens[pid * 2:(pid + 1) * 2], mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
   out = multihost_utils.process_allgather(fwd(model, glob), tiled=True)
+  # parallel.num_devices=2 of the 4: one device from each process, and the mesh runs.
+  chosen = select_devices(2)
+  half = make_mesh(data=-1, devices=chosen)
+  rows = multihost_utils.host_local_array_to_global_array(
+      np.full((1, 3), pid + 1.0, np.float32), half, jax.sharding.PartitionSpec("data"))
+  total = float(jax.jit(jnp.sum)(rows))
   print("RESULT", json.dumps({"global": jax.device_count(), "repl": replicated_fraction(model),
-                              "err": float(np.max(np.abs(np.asarray(out) - ref)))}))
+                              "err": float(np.max(np.abs(np.asarray(out) - ref))),
+                              "chosen": [d.process_index for d in chosen], "total": total}))
 """)
 
 
@@ -67,4 +75,6 @@ def test_two_processes_sharded_forward_matches(tmp_path):
     assert r["global"] == 4
     assert r["err"] < 1e-5
     assert 0 < r["repl"] < 0.05
+    assert r["chosen"] == [0, 1]   # not process 0's two devices
+    assert r["total"] == 9.0       # 3 x 1 from process 0 + 3 x 2 from process 1
   assert results[0]["repl"] == results[1]["repl"]

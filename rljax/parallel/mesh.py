@@ -11,6 +11,40 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
 
 
+def select_devices(num_devices: int, devices=None) -> list:
+  """The first `num_devices` devices (0: all), taken evenly from every process.
+
+  With one process these are `jax.devices()[:num_devices]`. With several, every process
+  must hold devices of the mesh (it runs the same SPMD program on its own), so each
+  contributes its first `num_devices / process_count` local devices; a plain prefix of
+  the global list would be process 0's devices only.
+
+  Args:
+    num_devices: devices wanted, 0 for all.
+    devices: the global device list (default `jax.devices()`); each has `process_index`.
+  Raises:
+    ValueError: num_devices is negative, above the device count, not a multiple of the
+      number of processes, or more than a process holds.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if num_devices == 0:
+    return devices
+  if not 0 < num_devices <= len(devices):
+    raise ValueError(f"parallel.num_devices={num_devices} must be in [0, {len(devices)}] "
+                     "(0: all devices)")
+  processes = sorted({d.process_index for d in devices})
+  if len(processes) == 1:
+    return devices[:num_devices]
+  per_process, rest = divmod(num_devices, len(processes))
+  local = {p: [d for d in devices if d.process_index == p] for p in processes}
+  if rest or any(len(ds) < per_process for ds in local.values()):
+    raise ValueError(
+        f"parallel.num_devices={num_devices} must be a multiple of the {len(processes)} "
+        f"processes and at most {len(processes)} x {min(map(len, local.values()))} (each "
+        "process contributes the same number of its own devices)")
+  return [d for p in processes for d in local[p][:per_process]]
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, devices=None) -> Mesh:
   """A (data, fsdp, tensor) mesh; one size may be -1 ("all remaining devices").
 

@@ -192,7 +192,8 @@ def base_config() -> ConfigDict:
       grad_clip=1.0,
   ))
 
-  # Mesh over the first `num_devices` devices (0: all); one size may be -1 (the rest).
+  # Mesh over `num_devices` devices (0: all; with several processes, an equal share of
+  # each process's own devices, `parallel.select_devices`); one size may be -1 (the rest).
   c.parallel = ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0))
   return c
 

@@ -145,7 +145,7 @@ def build(config) -> Setup:
   actor, critic, model_cfg = build_models(config, tokenizer)
   prompt_len = prompt_length(config, task, tokenizer, model_cfg.max_position_embeddings)
   p = config.parallel
-  devices = jax.devices()[:p.num_devices] if p.num_devices else None
+  devices = parallel.select_devices(p.num_devices)
   mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)
   parallel.shard_model(actor, mesh)
   if critic is not None:

@@ -12,6 +12,7 @@ import jax
 
 from rljax.data.records_task import ANSWER_EXTRACTORS
 from rljax.data.tasks import TASKS
+from rljax.parallel.mesh import select_devices
 
 ADVANTAGE_MODES = (
     "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
@@ -246,6 +247,11 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
   requested = config.parallel.num_devices
   if requested < 0 or requested > available:
     errors.append(f"parallel.num_devices={requested} must be in [0, {available}] (0: all devices)")
+  elif requested and num_devices is None and jax.process_count() > 1:
+    try:   # several processes: each must contribute the same number of its devices
+      select_devices(requested)
+    except ValueError as e:
+      errors.append(str(e))
   _check_mesh(errors, config, requested or available)
   limit = max_positions or config.model.max_position_embeddings
   if config.sampling.max_new_tokens >= limit:
