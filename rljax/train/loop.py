@@ -120,23 +120,9 @@ def train(config, *, stop_after=None):
   try:
     with _StopFlag() as stop:
       for it in iterations:
-        rsft_metrics = {}
-        if rsft is not None and it % c.algo.rsft_every == 0:
-          model = nnx.merge(setup.actor_graphdef, state.actor)
-          state, rsft_metrics, *_ = rsft.phase(state, it, model)
-        model = nnx.merge(setup.actor_graphdef, state.actor)
-        state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
-        m.update(rsft_metrics)
+        state, m, moments, upd = _iteration(setup, fns, rsft, state, it, moments, eval_key,
+                                            ckpt.directory)
         skipped_in_row = int(state.nonfinite_in_row)
-        if skipped_in_row >= c.run.max_nonfinite_in_row:
-          raise FloatingPointError(
-              f"{skipped_in_row} updates in a row had a non-finite loss or gradient "
-              f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last "
-              f"good checkpoint in {ckpt.directory} is intact.")
-        m["compile/programs"] = compile_count(setup, fns, rsft)
-        m["update/skipped_total"] = int(state.skipped_updates)
-        if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
-          m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
         writer.write(it + 1, m)
         if progress:
           iterations.set_postfix(reward=f"{m['train/reward']:.2f}",
@@ -160,6 +146,31 @@ def train(config, *, stop_after=None):
     ckpt.close()   # waits for an asynchronous save in flight, even when stopping on an error
   writer.close()
   return _finish(setup, state, before, _evaluate(setup, state, eval_key), t_start)
+
+
+def _iteration(setup, fns, rsft, state, it, moments, eval_key, ckpt_dir):
+  """A rejection-sampling phase when due, one RL iteration, its metrics (and held-out ones
+  when due). Returns (state, metrics, reward moments, update batch); raises when too many
+  updates in a row were skipped as non-finite."""
+  c = setup.config
+  rsft_metrics = {}
+  if rsft is not None and it % c.algo.rsft_every == 0:
+    model = nnx.merge(setup.actor_graphdef, state.actor)
+    state, rsft_metrics, *_ = rsft.phase(state, it, model)
+  model = nnx.merge(setup.actor_graphdef, state.actor)
+  state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
+  m.update(rsft_metrics)
+  skipped_in_row = int(state.nonfinite_in_row)
+  if skipped_in_row >= c.run.max_nonfinite_in_row:
+    raise FloatingPointError(
+        f"{skipped_in_row} updates in a row had a non-finite loss or gradient "
+        f"(run.max_nonfinite_in_row={c.run.max_nonfinite_in_row}); stopping. The last "
+        f"good checkpoint in {ckpt_dir} is intact.")
+  m["compile/programs"] = compile_count(setup, fns, rsft)
+  m["update/skipped_total"] = int(state.skipped_updates)
+  if c.run.eval_every and (it + 1) % c.run.eval_every == 0:
+    m.update({f"eval/{k}": v for k, v in _evaluate(setup, state, eval_key).items()})
+  return state, m, moments, upd
 
 
 def _start(setup, ckpt, eval_key):
