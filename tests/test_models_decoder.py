@@ -123,3 +123,17 @@ def test_dense_value_and_gradients_equal_the_matmul(f, d):
   np.testing.assert_allclose(got[0], g @ w64.T, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(got[1], np.einsum("bsf,bsd->fd", x64, g), rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(dense(x, w), x64 @ w64, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_in_the_old_untransposed_key_layout_is_refused_by_name():
+  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  cache = model.init_cache(2, 8)
+  old_layout = cache._replace(k=tuple(k.swapaxes(2, 3) for k in cache.k))   # [B,K,S,Dh]
+  tokens = jnp.ones((2, 3), jnp.int32)
+  with pytest.raises(ValueError, match=r"\[B,K,Dh,S_max\].*init_cache"):
+    model.forward_cached(tokens, positions=jnp.zeros((2, 3), jnp.int32), cache=old_layout,
+                         start=0, kv_mask=jnp.ones((2, 8), jnp.int32))
+  logits, new_cache = model.forward_cached(tokens, positions=jnp.zeros((2, 3), jnp.int32),
+                                           cache=cache, start=0, kv_mask=jnp.ones((2, 8), jnp.int32))
+  assert logits.shape == (2, 3, CFG.vocab_size)
+  assert [k.shape for k in new_cache.k] == [k.shape for k in cache.k]

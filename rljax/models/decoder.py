@@ -170,6 +170,10 @@ class Decoder(nnx.Module):
     b, s = tokens_bs.shape
     s_max = cache.max_len
     chex.assert_shape(kv_mask, (b, s_max))
+    want_k = (b, self.cfg.num_kv_heads, self.cfg.head_dim, s_max)
+    if cache.k[0].shape != want_k:
+      raise ValueError(f"KVCache keys must be [B,K,Dh,S_max] = {want_k} (stored transposed; "
+                       f"build caches with Decoder.init_cache), got {cache.k[0].shape}")
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
     query_slot = start + jnp.arange(s)  # [S]
