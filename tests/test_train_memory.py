@@ -169,3 +169,24 @@ def test_remat_and_microbatches_lower_update_temp_memory(tmp_path):
     np.testing.assert_allclose(report["remat"][key], report["base"][key], rtol=1e-5, atol=1e-7,
                                err_msg=key)
   assert report["param_max_abs_diff"] < 1e-6
+
+
+def test_rollout_forward_in_microbatches_is_equal_and_smaller(tmp_path):
+  """`algo.microbatches` also chunks the rollout forwards (old / reference log-probs,
+  entropies): same values in the same row order, less temporary memory (8 sequences of
+  ~500 tokens; measured 0.17x of the temp bytes with 4 chunks)."""
+  small = {"model.hidden_size": 64, "model.intermediate_size": 192, "model.head_dim": 32,
+           "sampling.max_new_tokens": 480, "model.max_position_embeddings": 512,
+           "parallel.num_devices": 1}
+  out = {}
+  for micro in (1, 4):
+    s = setup_lib.build(micro_config("grpo", tmp_path, **small, **{"algo.microbatches": micro}))
+    fns = iteration.ForwardFns(s)
+    batch = {k: v for k, v in _minibatch(s, 8).items() if k in iteration.SEQUENCE_KEYS}
+    compiled = fns.policy_stats.lower(s.initial_actor, batch).compile()
+    logp, entropy = fns.policy_stats(s.initial_actor, batch)
+    out[micro] = (compiled.memory_analysis().temp_size_in_bytes, np.asarray(logp),
+                  np.asarray(entropy))
+  np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out[4][2], out[1][2], rtol=1e-5, atol=1e-6)
+  assert out[4][0] < 0.6 * out[1][0], (out[4][0], out[1][0])

@@ -18,26 +18,44 @@ from rljax.parallel import batch_sharding
 from rljax.train import objective, offload, rollout
 from rljax.train.advantages import compute_advantages
 from rljax.train.sft import demonstration_batch
+from rljax.train.update import split_micro
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
 UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
                "advantages", "returns", "old_values", "token_weights", "is_weights", "rng")
 
 
+def in_micro_batches(fn, num_micro: int):
+  """fn(params, batch) run over `num_micro` consecutive row chunks in a `lax.map` (one
+  chunk's activations live at a time), outputs concatenated back in row order."""
+  if num_micro == 1:
+    return fn
+
+  def chunked(params, batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    if rows % num_micro:
+      raise ValueError(f"algo.microbatches={num_micro} must divide the {rows} rollout rows")
+    out = jax.lax.map(lambda chunk: fn(params, chunk), split_micro(batch, num_micro))
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
+  return chunked
+
+
 class ForwardFns:
-  """Jitted forward passes over a whole rollout batch (compiled once per run)."""
+  """Jitted forward passes over a whole rollout batch (compiled once per run), in
+  `algo.microbatches` chunks like the update step, so they do not set the memory peak."""
 
   def __init__(self, setup):
     temperature = setup.loss_spec.temperature
     actor_gd, critic_gd = setup.actor_graphdef, setup.critic_graphdef
 
-    @jax.jit
-    def policy_stats(params, batch):
+    def policy_forward(params, batch):
       return objective.policy_forward(nnx.merge(actor_gd, params), batch, temperature=temperature)
 
-    @jax.jit
-    def values(params, batch):
+    def value_forward(params, batch):
       return objective.value_forward(nnx.merge(critic_gd, params), batch)
+
+    policy_stats = jax.jit(in_micro_batches(policy_forward, setup.num_micro))
+    values = jax.jit(in_micro_batches(value_forward, setup.num_micro))
 
     self.policy_stats, self.values = policy_stats, values
 
