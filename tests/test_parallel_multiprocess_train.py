@@ -145,3 +145,18 @@ def test_two_processes_train_like_one_process_with_eight_devices(spec, tmp_path,
       _restore(micro_config(spec, tmp_path / name)) for name in ("single", "multi"))
   assert step_a == step_b == 2 and host_a == host_b
   jax.tree.map(lambda x, y: np.testing.assert_allclose(y, x, rtol=RTOL, atol=1e-7), a, b)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_with_num_devices_take_half_of_each(tmp_path, monkeypatch):
+  """`parallel.num_devices=4` over 2 processes x 4 devices: two devices of each process
+  (`parallel.select_devices`; a prefix of the global list would leave process 1 without
+  any). The run finishes in both processes as one process with 4 devices does."""
+  monkeypatch.setattr(tasks.Task, "score", varied_score)
+  four = {"parallel.num_devices": 4}
+  monkeypatch.setattr(sys.modules[__name__], "MICRO", dict(MICRO, **four))
+  procs = _launch("grpo", tmp_path / "multi" / "grpo", tmp_path)
+  single_result = train(micro_config("grpo", tmp_path / "single", **four))
+  results = _wait(procs, tmp_path)
+  same = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # noqa: E731
+  assert same(results[0]) == same(results[1]) == same(single_result)
