@@ -141,13 +141,7 @@ def prepare(setup, fns, state, rows, keys, moments):
   if a.advantage == "remax":
     batch["greedy_scores"] = jnp.asarray(rows["greedy_scores"])
   adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
-  weights = jnp.ones_like(adv)
-  if a.psr_weight != 1.0 or a.nsr_weight != 1.0:
-    weights = weights * masks.psr_nsr_weights(adv, positive_weight=a.psr_weight,
-                                              negative_weight=a.nsr_weight)
-  if a.high_entropy_fraction > 0:
-    weights = weights * masks.high_entropy_mask(entropy, mask,
-                                                top_fraction=a.high_entropy_fraction)
+  weights = token_weights(a, adv, entropy, mask)
   loss_mask = batch["mask"]
   if a.overlong_filter:
     loss_mask = masks.overlong_filter_mask(loss_mask, jnp.asarray(rows["truncated"]))
@@ -160,7 +154,31 @@ def prepare(setup, fns, state, rows, keys, moments):
              is_weights=correction_weights(c, old_logp, sampler_logp, mask),
              rng=jax.random.key_data(jax.random.split(keys["update"], b)),
              sampler_logp=sampler_logp, completion_mask=batch["mask"])
-  metrics = {
+  metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
+  if a.old_logp_source != "update":
+    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
+  if state.critic is not None:
+    resid = masked_mean(jnp.square(returns - batch["values"]), mask)
+    var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
+    metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
+  return upd, metrics, moments
+
+
+def token_weights(algo, adv, entropy, mask):
+  """Per-token loss weights: PSR/NSR sample weights and the high-entropy token mask, or 1."""
+  weights = jnp.ones_like(adv)
+  if algo.psr_weight != 1.0 or algo.nsr_weight != 1.0:
+    weights = weights * masks.psr_nsr_weights(adv, positive_weight=algo.psr_weight,
+                                              negative_weight=algo.nsr_weight)
+  if algo.high_entropy_fraction > 0:
+    weights = weights * masks.high_entropy_mask(entropy, mask,
+                                                top_fraction=algo.high_entropy_fraction)
+  return weights
+
+
+def rollout_metrics(rows, scores, adv, mask, loss_mask, kl_coef):
+  """Reward, accuracy, length and batch metrics of one rollout (host floats)."""
+  return {
       "train/reward": float(jnp.mean(scores)), "train/raw_score": float(np.mean(rows["scores"])),
       "train/accuracy": float(np.mean(rows["accuracy"])),
       "train/format": float(np.mean(rows["format"])),
@@ -171,15 +189,8 @@ def prepare(setup, fns, state, rows, keys, moments):
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
       "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
                                              jnp.any(adv != 0, axis=1))),
-      "kl/coef": float(state.kl_coef),
+      "kl/coef": float(kl_coef),
   }
-  if a.old_logp_source != "update":
-    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
-  if state.critic is not None:
-    resid = masked_mean(jnp.square(returns - batch["values"]), mask)
-    var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
-    metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
-  return upd, metrics, moments
 
 
 def old_policy_metrics(upd, *, with_ref):
