@@ -21,7 +21,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rljax.ops.ratios import LOG_RATIO_CLAMP
+from rljax.ops.ratios import LOG_RATIO_CLAMP, token_log_ratio
 
 LOW_VAR_KL_CLAMP = 10.0
 
@@ -91,6 +91,29 @@ def kl_estimate(logp, ref_logp, kind, *, straight_through=False, mask=None):
   if mask is not None:
     kl = jnp.where(mask > 0, kl, 0.0)
   return kl
+
+
+def is_corrected_kl(logp, old_logp, ref_logp, mask, *, kind="k3"):
+  """Importance-corrected per-token KL: (π_θ/π_old)·kX(logπ_θ − logπ_ref).
+
+  Tokens come from π_old, not π_θ, after the first update of a rollout (and from the
+  sampler always), so E_{π_old}[kX] is not KL(π_θ‖π_ref); weighting by the ratio
+  r = π_θ/π_old makes the estimate, and its gradient (r carries one), unbiased:
+  E_{π_old}[r·k3] = KL(π_θ‖π_ref). DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556
+  (§ on the unbiased KL estimate, with k3); TRL `use_bias_correction_kl`.
+
+  Note: r uses the clamped log-ratio of `rljax.ops.ratios.token_log_ratio` and is not
+  truncated (TRL neither); with π_θ = π_old this equals `kl_estimate`.
+
+  Args:
+    logp, old_logp, ref_logp: current / old (sampling) / reference log-probs, [B, T].
+    mask: completion mask, [B, T].
+    kind: the estimator kX (see KL_ESTIMATORS; TRL and the paper use k3).
+  Returns:
+    per-token estimate, float32 [B, T]; 0 at masked positions.
+  """
+  ratio = jnp.exp(token_log_ratio(logp, old_logp, mask))
+  return ratio * kl_estimate(logp, ref_logp, kind, mask=mask)
 
 
 def _last_token_onehot(mask):

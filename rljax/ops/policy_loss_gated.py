@@ -1,0 +1,314 @@
+"""Policy losses of the 2025–26 catalogue: soft gates, geometric means, divergence masks.
+
+SAPO (soft sigmoid gate), GMPO (geometric-mean sequence ratio), GPG (plain policy
+gradient), DPPO (trust region on the probability, TV or binary KL), DRO (quadratic
+log-ratio penalty), LUSPO (length-weighted GSPO) and VESPO (Gamma-weighted sequence IS).
+Same contract as `rljax.ops.policy_loss`: `fn(logp, old_logp, advantages, mask, **hyper)
+-> (loss_bt [B, T], PolicyLossDiagnostics)`, a loss to minimise, 0 at masked positions,
+registered by name in `policy_loss.POLICY_LOSSES`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from rljax.ops.policy_loss_common import advantages_bt, diagnostics
+from rljax.ops.ratios import LOG_RATIO_CLAMP, sequence_log_ratio, token_log_ratio
+
+DPPO_DIVERGENCES = ("tv", "kl")
+
+
+def _masked(x, mask):
+  return jnp.where(mask > 0, x, 0.0)
+
+
+def sapo_loss(logp, old_logp, advantages, mask, *, tau_pos=1.0, tau_neg=1.05):
+  """SAPO: a soft, temperature-controlled gate on the token ratio instead of a hard clip.
+
+  L_t = −f_τ(r_t)·A_t,   f_τ(r) = (4/τ)·σ(τ(r − 1)),   τ = τ_pos if A_t > 0 else τ_neg
+  ("Soft Adaptive Policy Optimization", arXiv:2511.20347, its gate f;
+  verl `sapo`, TRL `loss_type="sapo"`, both with τ_pos = 1, τ_neg = 1.05).
+
+  The gradient is w(r)·r·(−A)∇logπ with w = f'(r) = 4σ(1 − σ): 1 at r = 1 (on-policy
+  tokens get exactly the PPO/REINFORCE gradient), decaying smoothly as r leaves 1, and
+  faster for larger τ (τ → ∞: zero off r = 1, the limit of a hard clip with ε → 0;
+  τ → 0: the unclipped IS gradient −r·A).
+
+  Note: the paper aggregates with seq_mean_token_mean (so do verl and TRL). Tokens with
+  A = 0 use τ_neg (verl/TRL convention); they contribute nothing anyway.
+
+  Args:
+    logp, old_logp: current / old log-probs of the sampled tokens, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    tau_pos, tau_neg: gate temperatures (> 0) for A > 0 and A ≤ 0.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics); `clip_high_bt` / `clip_low_bt` mark A > 0
+    tokens with r > 1 and A < 0 tokens with r < 1 whose gate weight fell below 1/2.
+  """
+  for name, v in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+    if isinstance(v, int | float) and v <= 0:
+      raise ValueError(f"SAPO {name} must be > 0, got {v}")
+  adv = advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  tau = jnp.where(adv > 0, tau_pos, tau_neg)
+  gate = jax.nn.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+  sig = jax.nn.sigmoid(tau * (ratio - 1.0))
+  damped = 4.0 * sig * (1.0 - sig) < 0.5
+  diag = diagnostics(mask, ratio, log_r, clip_high_bt=(adv > 0) & (ratio > 1) & damped,
+                     clip_low_bt=(adv < 0) & (ratio < 1) & damped)
+  return _masked(-gate * adv, mask), diag
+
+
+def gmpo_loss(logp, old_logp, advantages, mask, *, eps_low=0.4, eps_high=0.4):
+  """GMPO: the geometric mean of token ratios, each clipped in log space, per sequence.
+
+  For sequence i with advantage A_i (sgn = sign A_i) and token log-ratios ℓ_t:
+    ℓ̂_t = sgn·min(sgn·ℓ_t, sgn·clip(ℓ_t, −ε_low, ε_high)),
+    ρ_i = exp((1/|y_i|) Σ_t ℓ̂_t),     L_i = −A_i·ρ_i
+  ("GMPO: Geometric-Mean Policy Optimization", arXiv:2507.20673, the GMPO objective
+  with its token-level clip in log space, range (e^−0.4, e^0.4); verl `geo_mean`).
+  A token clipped on the side the advantage favours gets no gradient; the others get
+  −A_i·ρ_i/|y_i|·∇logπ_t. With |y_i| = 1 this is token PPO with ratio bounds
+  (e^−ε_low, e^ε_high).
+
+  Note: each token row carries its sequence's L_i, so `seq_mean_token_mean` gives the
+  paper's (1/G)Σ_i L_i (verl takes a plain mean over sequences). Advantages should be
+  per sequence; a [B, T] input is averaged over each sequence's tokens (as verl does).
+  The log-ratio is clamped to ±20 before clipping (a no-op for any sensible ε).
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    eps_low, eps_high: clip range of the token log-ratio, [−ε_low, ε_high].
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics); clip flags per token, ratio_bt = ρ_i.
+  """
+  adv_bt = advantages_bt(advantages, mask)
+  keep = (mask > 0).astype(jnp.float32)
+  length = jnp.maximum(jnp.sum(keep, axis=1), 1.0)
+  adv_b = jnp.sum(adv_bt, axis=1) / length
+  sgn = jnp.sign(adv_b)[:, None]
+  log_r = token_log_ratio(logp, old_logp, mask)
+  clipped = jnp.clip(log_r, -eps_low, eps_high)
+  log_hat = sgn * jnp.minimum(sgn * log_r, sgn * clipped)
+  rho_b = jnp.exp(jnp.sum(log_hat * keep, axis=1) / length)
+  loss = jnp.broadcast_to((-adv_b * rho_b)[:, None], mask.shape)
+  out = log_r != clipped
+  diag = diagnostics(mask, jnp.broadcast_to(rho_b[:, None], mask.shape), log_r,
+                     clip_high_bt=out & (sgn > 0) & (log_r > eps_high),
+                     clip_low_bt=out & (sgn < 0) & (log_r < -eps_low))
+  return _masked(loss, mask), diag
+
+
+def gpg_loss(logp, old_logp, advantages, mask):
+  """GPG: the plain policy gradient, L_t = −A_t·logπ_θ(y_t), no ratio, no clip.
+
+  Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+  Reasoning", arXiv:2504.02546, the GPG objective (verl `gpg`). GPG's other half is its advantage,
+  `rljax.ops.advantages_group.gpg_advantages` (α-scaled group mean baseline).
+
+  Note: identical to `reinforce_loss(importance_weight=False)`; registered under its own
+  name so the experiment file reads as the paper does. Aggregate with "token_mean".
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T] (old only feeds the diagnostics).
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
+  """
+  adv = advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  loss = -adv * _masked(logp.astype(jnp.float32), mask)
+  return _masked(loss, mask), diagnostics(mask, jnp.exp(log_r), log_r)
+
+
+def binary_kl(p_old, p):
+  """KL(Bern(p_old) ‖ Bern(p)) = p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old)/(1 − p)).
+
+  The 1e-8 inside the second log follows verl's `dppo_kl` (p → 1 stays finite).
+  """
+  return (p_old * (jnp.log(p_old) - jnp.log(p))
+          + (1.0 - p_old) * jnp.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)))
+
+
+def dppo_loss(logp, old_logp, advantages, mask, *, divergence="tv", delta_low=0.15,
+              delta_high=0.15, ratio_cap=20.0):
+  """DPPO: a trust region on the sampled token's probability, not on the ratio.
+
+  L_t = −A_t·sg(min(r_t, C))·logπ_θ(y_t)·M_t, with the binary mask M_t (no gradient):
+    "tv":  A > 0: π − π_old ≤ δ_high;      A ≤ 0: π − π_old ≥ −δ_low
+    "kl":  A > 0: D ≤ δ_high or π ≤ π_old;  A ≤ 0: D ≤ δ_low or π ≥ π_old,
+           D = KL(Bern(π_old) ‖ Bern(π)) (`binary_kl`)
+  ("Rethinking the Trust Region in LLM Reinforcement Learning", arXiv:2602.04879,
+  DPPO-Binary-TV / -Binary-KL; truncated IS weight C of its §5.4; verl
+  `dppo_tv` / `dppo_kl`). A rare token moving from 1e-5 to 1e-3 has ratio 100 (PPO clips
+  it) but changes the probability by 1e-3 (DPPO keeps it); a likely token moving 0.9 → 0.6
+  is inside PPO's ratio range for A < 0 with ε = 0.4 but outside a TV region of 0.15.
+
+  Note: the loss value depends on logπ; only the gradient sg(w)·A·∇logπ is meaningful
+  (as for CISPO). `delta_*` defaults are illustrative; the verl recipe sets them per
+  divergence. Aggregate with "token_mean".
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    divergence: "tv" or "kl".
+    delta_low, delta_high: divergence thresholds for A ≤ 0 / A > 0.
+    ratio_cap: C, the truncation of the stop-gradient IS weight (verl: 20).
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics); clip_high_bt / clip_low_bt mark masked-out
+    tokens with A > 0 / A < 0, ratio_cap_bt the truncated weights.
+  """
+  if divergence not in DPPO_DIVERGENCES:
+    raise ValueError(f"Unknown DPPO divergence {divergence!r}; valid: {DPPO_DIVERGENCES}")
+  adv = advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  ratio = jnp.exp(log_r)
+  lp = jax.lax.stop_gradient(_masked(logp.astype(jnp.float32), mask))
+  p, p_old = jnp.exp(lp), jnp.exp(_masked(old_logp.astype(jnp.float32), mask))
+  if divergence == "tv":
+    ok_pos, ok_neg = p - p_old <= delta_high, p - p_old >= -delta_low
+  else:
+    d = binary_kl(p_old, p)
+    ok_pos, ok_neg = (d <= delta_high) | (p <= p_old), (d <= delta_low) | (p >= p_old)
+  valid = jnp.where(adv > 0, ok_pos, ok_neg)
+  weight = jax.lax.stop_gradient(jnp.minimum(ratio, ratio_cap))
+  loss = -adv * weight * _masked(logp.astype(jnp.float32), mask) * valid
+  diag = diagnostics(mask, ratio, log_r, clip_high_bt=(adv > 0) & ~valid,
+                     clip_low_bt=(adv < 0) & ~valid, ratio_cap_bt=ratio > ratio_cap)
+  return _masked(loss, mask), diag
+
+
+def dro_loss(logp, old_logp, advantages, mask, *, beta=0.1):
+  """DRO: policy gradient with a quadratic log-ratio penalty, L_t = −A_t·logπ + (β/2)·ℓ_t².
+
+  ℓ_t = logπ_θ(y_t) − logπ_old(y_t). Gradient −(A_t − β·ℓ_t)∇logπ: the policy part of
+  Direct Reward Optimization's regularised squared loss ½(r − V − β·log π/π_ref)²
+  (Richemond et al. 2024, "Offline Regularised Reinforcement Learning for Large Language
+  Models Alignment", arXiv:2405.19107, the DRO objective, with A = r − V), as verl
+  `dro` uses it.
+
+  Note: the paper's π_ref is π_old here (the penalty keeps the update near the sampler,
+  as in verl); ℓ is not clamped (its square is the penalty). Aggregate with "token_mean".
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    beta: β > 0, the penalty strength.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
+  """
+  if isinstance(beta, int | float) and beta <= 0:
+    raise ValueError(f"DRO beta must be > 0, got {beta}")
+  adv = advantages_bt(advantages, mask)
+  lp = _masked(logp.astype(jnp.float32), mask)
+  ell = lp - _masked(old_logp.astype(jnp.float32), mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  loss = -adv * lp + 0.5 * beta * jnp.square(ell)
+  return _masked(loss, mask), diagnostics(mask, jnp.exp(log_r), log_r)
+
+
+def luspo_loss(logp, old_logp, advantages, mask, *, eps_low=0.2, eps_high=0.2):
+  """LUSPO: GSPO's clipped sequence surrogate, each sequence weighted by its length.
+
+  L = (1/G) Σ_i |y_i|·max(−s_i A_i, −clip(s_i, 1 − ε_low, 1 + ε_high) A_i), with the
+  GSPO ratio s_i = exp((1/|y_i|) Σ_t ℓ_{i,t}) (LUSPO: "Length-Unbiased Sequence Policy
+  Optimization", arXiv:2602.05261; TRL `loss_type="luspo"` with sequence-level IS).
+  GSPO's per-sequence mean makes a long sequence's tokens weigh less; the |y_i| factor
+  removes that length bias.
+
+  Note: every token row carries its sequence's clipped surrogate (as GSPO in
+  `policy_loss`), so the |y_i| weight comes from aggregating with "seq_mean_token_sum"
+  (Σ_t over the row = |y_i|·L_i, then the mean over sequences) — the trainer requires it.
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    eps_low, eps_high: clip range of s_i.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics).
+  """
+  adv = advantages_bt(advantages, mask)
+  log_r_token = token_log_ratio(logp, old_logp, mask)
+  s = jnp.broadcast_to(jnp.exp(sequence_log_ratio(logp, old_logp, mask))[:, None], mask.shape)
+  loss = jnp.maximum(-adv * s, -adv * jnp.clip(s, 1.0 - eps_low, 1.0 + eps_high))
+  diag = diagnostics(mask, s, log_r_token, clip_low_bt=(adv < 0) & (s < 1.0 - eps_low),
+                     clip_high_bt=(adv > 0) & (s > 1.0 + eps_high))
+  return _masked(loss, mask), diag
+
+
+def vespo_weights(logp, old_logp, advantages, mask, *, k_pos=2.0, lambda_pos=3.0,
+                  k_neg=3.0, lambda_neg=2.0):
+  """VESPO's Gamma weight of the sequence IS ratio, φ(w) = w^k·e^{λ(1 − w)} (φ(1) = 1).
+
+  w_i = Π_t r_{i,t} = exp(Σ_t ℓ_{i,t}) (the full product, not GSPO's geometric mean),
+  (k, λ) = (k_pos, λ_pos) if A_i ≥ 0 else (k_neg, λ_neg). φ rises like w^k below 1 and
+  decays like e^{−λw} above, so stale sequences in either direction are down-weighted.
+
+  Note: log w is clamped to [log 1e-8, 20] (TRL); λ to ≥ 1e-4; non-finite φ → 0.
+
+  Returns:
+    φ, float32 [B], without gradient.
+  """
+  adv = advantages_bt(advantages, mask)
+  keep = (mask > 0).astype(jnp.float32)
+  log_w = jnp.sum(token_log_ratio(logp, old_logp, mask) * keep, axis=1)
+  log_w = jnp.clip(log_w, math.log(1e-8), LOG_RATIO_CLAMP)
+  adv_b = jnp.sum(adv, axis=1) / jnp.maximum(jnp.sum(keep, axis=1), 1.0)
+  nonneg = adv_b >= 0
+  k = jnp.where(nonneg, k_pos, k_neg)
+  lam = jnp.maximum(jnp.where(nonneg, lambda_pos, lambda_neg), 1e-4)
+  phi = jnp.exp(lam + k * log_w - lam * jnp.exp(log_w))
+  return jax.lax.stop_gradient(jnp.where(jnp.isfinite(phi), phi, 0.0))
+
+
+def vespo_loss(logp, old_logp, advantages, mask, *, k_pos=2.0, lambda_pos=3.0, k_neg=3.0,
+               lambda_neg=2.0):
+  """VESPO: L_t = −sg(φ(w_i))·A_t·logπ_θ(y_t), a smooth Gamma-shaped sequence IS weight.
+
+  "VESPO: Variational Sequence-Level Soft Policy Optimization", arXiv:2602.10693 (the
+  Gamma weighting φ(w) = e^λ·w^k·e^{−λw}; TRL `loss_type="vespo"`, defaults k_pos = 2,
+  λ_pos = 3, k_neg = 3, λ_neg = 2); see `vespo_weights`.
+
+  Note: the loss value depends on logπ; only the gradient sg(φ)·A·∇logπ is meaningful.
+  TRL aggregates over the global token count: use "token_mean". The sign of a [B, T]
+  advantage is taken from its sequence mean.
+
+  Args:
+    logp, old_logp: current / old log-probs, [B, T].
+    advantages: [B] or [B, T].
+    mask: completion mask, [B, T].
+    k_pos, lambda_pos, k_neg, lambda_neg: Gamma shape (k) and rate (λ) per advantage sign.
+  Returns:
+    (loss_bt [B, T], PolicyLossDiagnostics) with ratio_bt = φ_i.
+  """
+  phi = vespo_weights(logp, old_logp, advantages, mask, k_pos=k_pos, lambda_pos=lambda_pos,
+                      k_neg=k_neg, lambda_neg=lambda_neg)
+  adv = advantages_bt(advantages, mask)
+  log_r = token_log_ratio(logp, old_logp, mask)
+  loss = -phi[:, None] * adv * _masked(logp.astype(jnp.float32), mask)
+  return _masked(loss, mask), diagnostics(mask, jnp.broadcast_to(phi[:, None], mask.shape),
+                                          log_r)
+
+
+GATED_LOSSES = {
+    "sapo": sapo_loss,
+    "geo_mean": gmpo_loss,
+    "gpg": gpg_loss,
+    "dppo_tv": functools.partial(dppo_loss, divergence="tv"),
+    "dppo_kl": functools.partial(dppo_loss, divergence="kl"),
+    "dro": dro_loss,
+    "luspo": luspo_loss,
+    "vespo": vespo_loss,
+}
