@@ -68,13 +68,16 @@ def test_non_finite_gradients_are_skipped_then_stop_the_run(tmp_path, monkeypatc
     loss, diag = real(spec, logp, batch)
     return loss * jnp.nan, diag
 
-  # One good run saves checkpoint 1; then every update is non-finite.
-  config = micro_config("grpo", tmp_path, **{"run.iterations": 1, "run.save_every": 1})
+  # One good run saves checkpoint 1; then every update is non-finite. The counter counts
+  # updates, so one update per rollout makes each iteration one step of it.
+  one_update = {"algo.epochs": 1, "algo.minibatches": 1}
+  config = micro_config("grpo", tmp_path, **{"run.iterations": 1, "run.save_every": 1},
+                        **one_update)
   train(config)
   good = (tmp_path / "grpo" / "checkpoints" / "1").stat().st_mtime
   monkeypatch.setattr(objective, "policy_terms", poisoned)
   config = micro_config("grpo", tmp_path, **{"run.iterations": 6, "run.save_every": 1,
-                                             "run.max_nonfinite_in_row": 2})
+                                             "run.max_nonfinite_in_row": 2}, **one_update)
   with pytest.raises(FloatingPointError, match="run.max_nonfinite_in_row=2"):
     train(config)
   records = read_records(tmp_path / "grpo")
