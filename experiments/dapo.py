@@ -4,9 +4,15 @@ Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale
 arXiv:2503.14476. Each step adds one technique to the previous ones (seed 004):
 naive GRPO -> overlong filtering -> clip-higher (eps_high 0.28) -> soft overlong
 punishment -> token-level loss -> dynamic sampling. The paper drops the KL term
-(coefficient 0); lengths are scaled to this task (max 48 new tokens, cache 8).
+(coefficient 0); lengths are scaled to this task: the base config's 36-token budget
+binds on 5-term scratchpads, and the soft punishment's buffer is its last 8 tokens.
 
-    rljax ablate experiments/dapo.py
+Each trick gets the condition it exists for on the base regime: 8 updates per rollout
+(ratios leave 1, so clipping acts), a length budget that long scratchpads reach
+(truncation, the overlong buffer), lengths from 5 to 36 tokens (token- vs sequence-level
+aggregation differ), and groups of 8 that saturate as accuracy rises (dynamic sampling).
+
+    rljax ablate experiments/dapo.py --seeds 0,1,2
     rljax train --config experiments/dapo.py:clip_higher
 """
 
@@ -34,5 +40,5 @@ def get_config(arg=None):
     c.algo.loss_agg = "token_mean"
   if "dynamic_sampling" in on:
     c.algo.dynamic_sampling = True
-    c.algo.dynamic_sampling_max_rounds = 4
+    c.algo.dynamic_sampling_max_rounds = 10   # the verl DAPO recipe: at most 10 gen rounds
   return c

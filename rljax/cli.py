@@ -1,7 +1,7 @@
 """Command line: `rljax train | ablate | eval` (also `python -m rljax`).
 
   rljax train --config experiments/grpo.py[:step] [--config.algo.eps_high=0.28 ...]
-  rljax ablate experiments/dapo.py [--iterations N] [--out runs/ablate_dapo]
+  rljax ablate experiments/dapo.py [--seeds 0,1,2] [--set FIELD=VALUE] [--out DIR]
   rljax eval --run runs/NAME
 """
 
@@ -36,8 +36,11 @@ def _ablate(argv):
   parser.add_argument("--out", default=None, help="output directory (default runs/ablate_NAME)")
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="override for every step, e.g. --set run.iterations=20")
+  parser.add_argument("--seeds", default="", metavar="S,S,...",
+                      help="run every step with each run.seed (e.g. 0,1,2): mean ± sd per cell")
   args = parser.parse_args(argv)
-  report = run_ablation(args.experiment, out_dir=args.out, overrides=args.set)
+  seeds = [int(s) for s in args.seeds.split(",") if s.strip()] or None
+  report = run_ablation(args.experiment, out_dir=args.out, overrides=args.set, seeds=seeds)
   print(f"report: {report}")
 
 

@@ -19,8 +19,9 @@ ALGO = dict(policy_loss="ppo", ratio_level="token", eps_low=0.2, eps_high=0.2, d
             psr_weight=1.0, nsr_weight=1.0, overlong_filter=False)
 
 
-def _write_run(run_dir, *, seed, iterations=5, n=4):
-  """A plausible metrics.jsonl (5 iterations) and result.json, as the trainer writes them."""
+def _write_run(run_dir, *, seed, iterations=9, n=4):
+  """A plausible metrics.jsonl (9 iterations: enough for the entropy-law fit) and
+  result.json, as the trainer writes them."""
   rng = np.random.default_rng(seed)
   run_dir.mkdir(parents=True)
   lines = []

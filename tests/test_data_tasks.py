@@ -3,6 +3,7 @@
 import copy
 import pickle
 
+import numpy as np
 import pytest
 
 from rljax.data import TASKS, CharTokenizer, Prompt, make_task, parse_answer_tag
@@ -104,3 +105,31 @@ def test_parse_answer_tag_and_errors():
     make_task("arithmetic", difficulty=(3, 1), seed=0)
   with pytest.raises(ValueError, match="ops"):
     make_task("arithmetic", difficulty=1, seed=0, ops="*").train_prompts()
+
+
+def test_rare_scratchpad_mixture_has_the_intended_share_at_every_level():
+  task = make_task("arithmetic", difficulty=(1, 4), seed=0, scratchpad_fraction=0.15)
+  prompts = task.train_prompts()
+  worked = {p.id: not task.demonstration(p).startswith("<answer>") for p in prompts}
+  assert abs(np.mean(list(worked.values())) - 0.15) < 0.02
+  for level in range(1, 5):
+    share = np.mean([worked[p.id] for p in prompts if p.difficulty == level])
+    assert 0.10 < share < 0.20, (level, share)
+  for p in prompts[:200]:
+    demo, full = task.demonstration(p), task.demonstration(p, worked=True)
+    assert full.endswith(f"<answer>{p.answer}</answer>") and "=" in full
+    # the answer-only demo is exactly the tag; the worked one is today's scratchpad
+    assert demo in (full, f"<answer>{p.answer}</answer>")
+    assert task.score(p, demo)["accuracy"] == 1.0
+  # fixed per prompt: the same prompt text gets the same mode in another task object
+  again = make_task("arithmetic", difficulty=(1, 4), seed=0, scratchpad_fraction=0.15)
+  assert all(again.demonstration(p) == task.demonstration(p) for p in prompts[:200])
+
+
+def test_scratchpad_fraction_one_is_the_all_scratchpad_task():
+  old = make_task("arithmetic", difficulty=(1, 3), seed=0)
+  new = make_task("arithmetic", difficulty=(1, 3), seed=0, scratchpad_fraction=1.0)
+  none = make_task("arithmetic", difficulty=(1, 3), seed=0, scratchpad_fraction=0.0)
+  for p in old.train_prompts()[:100]:
+    assert old.demonstration(p) == new.demonstration(p) == old.demonstration(p, worked=True)
+    assert none.demonstration(p) == f"<answer>{p.answer}</answer>"

@@ -58,6 +58,13 @@ def test_unknown_choice_names_field_and_allowed_values(field, value, allowed):
     ({"algo.old_logp_source": "update", "algo.kl_placement": "reward", "algo.kl_coef": 0.1},
      "algo.kl_placement='reward'"),
     ({"algo.old_logp_source": "update", "algo.is_correction": "tis"}, "algo.is_correction"),
+    ({"task.scratchpad_fraction": 1.5}, "task.scratchpad_fraction"),
+    ({"sft.worked_steps": -1}, "sft.worked_steps"),
+    ({"sft.max_len": -4}, "sft.max_len"),
+    ({"algo.pg_coef": 0.0}, "algo.pg_coef=0 leaves nothing to train"),
+    ({"algo.pg_coef": -1.0}, "algo.pg_coef"),
+    ({"task.ood_difficulty": 5, "task.name": "jsonl", "task.jsonl_path": "x.jsonl"},
+     "task.ood_difficulty"),
 ])
 def test_invalid_values_are_reported_by_name(fields, needle):
   assert needle in _bad(**fields)

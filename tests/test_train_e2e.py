@@ -14,6 +14,8 @@ EXPERIMENT_SPECS = [
     "grpo", "dr_grpo", "gspo", "gspo:token", "cispo", "cispo:absolute_cap", "rloo", "remax",
     "reinforce_pp", "reinforce_pp:baseline", "ppo", "ppo:ptx", "psr_nsr", "entropy:bonus",
     "entropy:high_entropy_mask", "entropy:clip_cov", "entropy:kl_cov", "dapo:token_level_loss",
+    "grpo:all_scratchpad", "rl_vs_sft:continued_sft", "rl_vs_sft:rejection_sft",
+    "sapo", "gmpo", "lite_ppo", "gpg", "dppo", "dppo:kl",
 ]
 
 
@@ -33,6 +35,9 @@ def test_experiment_runs_two_iterations(spec, tmp_path):
   if config.algo.kl_placement != "none":
     assert "kl/to_ref" in records[-1]
   assert 0.0 <= result["heldout_acc_after"] <= 1.0
+  if config.task.ood_difficulty:
+    assert 0.0 <= result["heldout_ood_accuracy"] <= 1.0
+    assert "heldout_ood_accuracy_before" in result
 
 
 def test_dapo_dynamic_sampling_refills_groups(tmp_path, monkeypatch):
@@ -91,7 +96,8 @@ def test_old_logp_from_the_update_equals_recomputing_it(tmp_path):
   runs, params = {}, {}
   for source in ("recompute", "update"):
     config = micro_config("grpo", tmp_path / source, **{
-        "algo.old_logp_source": source, "algo.minibatches": 1, "run.iterations": 3})
+        "algo.old_logp_source": source, "algo.minibatches": 1, "algo.epochs": 1,
+        "run.iterations": 3})
     train(config)
     runs[source] = read_records(tmp_path / source / "grpo")
     params[source] = _final_actor(tmp_path / source / "grpo", config)

@@ -12,6 +12,9 @@ MICRO = {
     "sft.steps": 0, "sampling.prompts_per_iteration": 4, "sampling.n": 4,
     "sampling.max_new_tokens": 24, "sampling.eval_n": 2, "task.heldout_size": 8,
     "algo.overlong_cache_len": 4,
+    # 16 rows in 2 minibatches of 8 (one row per simulated device), 2 epochs: 4 updates per
+    # rollout as in the base regime
+    "algo.minibatches": 2,
 }
 
 

@@ -146,9 +146,15 @@ class Task:
       out.append(Prompt(id=pid, text=text, answer=answer, difficulty=d))
     return out
 
-  def demonstration(self, prompt: Prompt) -> str:
-    """An SFT target completion ending with `</answer>` (the trainer appends eos)."""
-    return self.spec.demonstration(prompt, **self.options)
+  def demonstration(self, prompt: Prompt, *, worked: bool = False) -> str:
+    """An SFT target completion ending with `</answer>` (the trainer appends eos).
+
+    worked=True: always the worked solution (arithmetic: the scratchpad), whatever
+    `scratchpad_fraction` says; the first phase of a two-phase warm start uses it.
+    """
+    worked = worked and "scratchpad_fraction" in self.options
+    options = dict(self.options, scratchpad_fraction=1.0) if worked else self.options
+    return self.spec.demonstration(prompt, **options)
 
   def score(self, prompt: Prompt, completion: str) -> RewardBreakdown:
     """Rule-based reward: accuracy (first answer block correct) and format (well formed).
@@ -173,7 +179,8 @@ class TaskSpec:
 
 
 # ---------------------------------------------------------------- arithmetic
-def _arith_generate(rng, d, *, digits=1, ops="+-"):
+def _arith_generate(rng, d, *, digits=1, ops="+-", scratchpad_fraction=1.0):
+  del scratchpad_fraction
   if not ops or set(ops) - set("+-"):
     raise ValueError(f"arithmetic: ops must be a non-empty subset of '+-', got {ops!r}")
   terms = [rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits - 1)
@@ -194,10 +201,27 @@ def _arith_steps(expr: str) -> list[tuple[str, int]]:
   return steps
 
 
-def _arith_demo(prompt, **_):
+def shows_scratchpad(prompt_text: str, fraction: float) -> bool:
+  """Whether the demonstration of this prompt shows its worked steps.
+
+  Fixed per prompt (a hash of its text), so a `fraction` of the prompts, at every
+  difficulty, carry scratchpads and the rest answer-only demonstrations: the "rare
+  scratchpad" mixture of Tsilivis et al. 2025 (arXiv:2510.11495), where next-token SFT
+  follows the answer-only majority and RL can promote the rare, reliable long mode.
+  """
+  if fraction >= 1.0:
+    return True
+  h = int.from_bytes(hashlib.sha256(f"scratchpad/{prompt_text}".encode()).digest()[:8], "big")
+  return (h % _HELDOUT_BUCKETS) < round(fraction * _HELDOUT_BUCKETS)
+
+
+def _arith_demo(prompt, *, scratchpad_fraction=1.0, **_):
+  answer = f"<answer>{prompt.answer}</answer>"
+  if not shows_scratchpad(prompt.text, scratchpad_fraction):
+    return answer
   expr = prompt.text[2:].strip()
   lines = [f"{lhs}={v}" for lhs, v in _arith_steps(expr)]
-  return "\n".join(lines) + f"\n<answer>{prompt.answer}</answer>"
+  return "\n".join(lines) + "\n" + answer
 
 
 def _arith_check(prompt, content):
@@ -209,11 +233,11 @@ def _arith_max_value_len(d, digits, ops):
   return len(str((d + 1) * (10 ** digits - 1))) + ("-" in ops)
 
 
-def _arith_prompt_len(d, *, digits=1, ops="+-"):
+def _arith_prompt_len(d, *, digits=1, ops="+-", **_):
   return 2 + (d + 1) * digits + d + 1
 
 
-def _arith_completion_len(d, *, digits=1, ops="+-"):
+def _arith_completion_len(d, *, digits=1, ops="+-", **_):
   v = _arith_max_value_len(d, digits, ops)
   step = v + 1 + digits + 1 + v + 1  # "acc op x = new \n"
   return d * step + 2 + v  # steps + "<answer>" v "</answer>" (tags are one token each)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.ops import advantages as adv_ops
+from rljax.ops import advantages_group
 from rljax.ops import kl as kl_ops
 
 
@@ -30,6 +31,7 @@ class AdvantageSpec:
   whiten: bool
   kl_in_reward: bool
   kl_estimator: str
+  gpg_f_norm: float = 1.0
 
 
 def advantage_spec(config) -> AdvantageSpec:
@@ -37,10 +39,11 @@ def advantage_spec(config) -> AdvantageSpec:
   return AdvantageSpec(mode=a.advantage, group_size=int(config.sampling.n), eps=float(a.adv_eps),
                        gamma=float(a.gamma), lam=float(a.lam), pass_k=int(a.pass_k),
                        whiten=bool(a.whiten_advantages),
-                       kl_in_reward=a.kl_placement == "reward", kl_estimator=a.kl_estimator)
+                       kl_in_reward=a.kl_placement == "reward", kl_estimator=a.kl_estimator,
+                       gpg_f_norm=float(a.gpg_f_norm))
 
 
-def _group_estimate(spec: AdvantageSpec, scores_b, valid_b, greedy_scores_b):
+def _group_estimate(spec: AdvantageSpec, scores_b, valid_b, greedy_scores_b, lengths_b):
   g = spec.group_size
   scores_pg = scores_b.reshape(-1, g)
   valid_pg = valid_b.reshape(-1, g)
@@ -53,6 +56,12 @@ def _group_estimate(spec: AdvantageSpec, scores_b, valid_b, greedy_scores_b):
     out = adv_ops.rloo_advantages(scores_pg, mask_bg=valid_pg)
   elif spec.mode == "pass_at_k":
     out = adv_ops.pass_at_k_advantages(scores_pg, k=spec.pass_k, mask_bg=valid_pg)
+  elif spec.mode == "opo":
+    out = advantages_group.opo_advantages(scores_pg, lengths_b.reshape(-1, g), mask_bg=valid_pg)
+  elif spec.mode == "gpg":
+    out = advantages_group.gpg_advantages(scores_pg, f_norm=spec.gpg_f_norm, mask_bg=valid_pg)
+  elif spec.mode == "grpo_passk":
+    out = advantages_group.grpo_passk_advantages(scores_pg, eps=spec.eps, mask_bg=valid_pg)
   elif spec.mode == "remax":
     return adv_ops.remax_advantages(scores_b, greedy_scores_b) * valid_b
   else:
@@ -94,7 +103,8 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
     returns = advantages
   else:
     seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
-    adv_b = _group_estimate(spec, seq_scores, batch["valid"], batch.get("greedy_scores"))
+    adv_b = _group_estimate(spec, seq_scores, batch["valid"], batch.get("greedy_scores"),
+                            jnp.sum(batch["mask"], axis=1))
     advantages = jnp.broadcast_to(adv_b[:, None], mask.shape) * mask
     returns = advantages
   if spec.whiten:

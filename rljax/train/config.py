@@ -32,7 +32,7 @@ def _run() -> ConfigDict:
       iterations=60,           # RL iterations (rollout + update)
       save_every=20,           # checkpoint every N iterations (0: only at the end)
       keep_checkpoints=3,      # keep the last K checkpoints
-      eval_every=15,           # held-out evaluation every N iterations (0: only before/after)
+      eval_every=10,           # held-out evaluation every N iterations (0: only before/after)
       progress=True,           # tqdm progress bar
       plots=True,              # PNG plots at the end of the run
       tensorboard=True,
@@ -67,10 +67,16 @@ def _task() -> ConfigDict:
   return ConfigDict(dict(
       name="arithmetic",       # see rljax.data.tasks.TASKS
       difficulty=1,            # lowest difficulty level
-      difficulty_max=3,        # highest level (levels mixed uniformly); 0: same as difficulty
+      difficulty_max=4,        # highest level (levels mixed uniformly); 0: same as difficulty
       seed=1234,
       heldout_size=128,
+      ood_difficulty=0,        # arithmetic/countdown: also evaluate held-out prompts of this
+                               # level before/after RL (0: off), e.g. 5 = more terms than trained
       digits=1,                # arithmetic: digits per operand
+      # arithmetic: share of prompts whose SFT demonstration shows the worked steps; the rest
+      # are answer-only. 0.15: the "rare scratchpad" start (greedy answers tersely and fails,
+      # sampling finds the reliable scratchpad ~13 % of the time); 1.0: every demo worked.
+      scratchpad_fraction=0.15,
       jsonl_path="",           # for name == "jsonl": rows {"prompt", "answer"[, "solution"]}
       hf_path="",              # for name == "hf_dataset": hub name, data file or save_to_disk dir
       hf_config="",            # hf_dataset: configuration name (GSM8K: "main"); "" for none
@@ -100,11 +106,15 @@ def _sft() -> ConfigDict:
   """The supervised warm start."""
   # Supervised cold start on generated demonstrations (as R1 does), cached per run dir.
   return ConfigDict(dict(
-      steps=800,
+      steps=1000,
       batch_size=32,
       lr=3e-3,
       warmup_steps=20,
       end_lr_fraction=0.1,   # cosine decay to lr x this after warm-up (1.0: constant lr)
+      # first N steps on every prompt's worked solution (arithmetic): the skill phase; the
+      # remaining steps follow task.scratchpad_fraction (the terse-answer phase)
+      worked_steps=800,        # (capped at steps)
+      max_len=48,            # demonstration tokens kept (0: sampling.max_new_tokens)
       cache_dir="runs/sft_cache",  # "" disables caching
   ))
 
@@ -112,9 +122,11 @@ def _sft() -> ConfigDict:
 def _sampling() -> ConfigDict:
   """Rollout and evaluation sampling."""
   return ConfigDict(dict(
-      prompts_per_iteration=32,
-      n=4,                     # G: completions per prompt
-      max_new_tokens=48,
+      prompts_per_iteration=16,
+      n=8,                     # G: completions per prompt
+      # 36 binds: 5-term scratchpads (mean 32 tokens + eos) reach it, so truncation and
+      # the soft overlong buffer (algo.overlong_cache_len) act
+      max_new_tokens=36,
       temperature=1.0,
       top_k=0,
       top_p=1.0,
@@ -128,9 +140,9 @@ def _sampling() -> ConfigDict:
 def _optim() -> ConfigDict:
   """AdamW for the actor and the critic."""
   return ConfigDict(dict(
-      # 3e-5: from the cosine-decayed SFT start, GRPO at 3e-4 lost 1-20 points of held-out
-      # accuracy (3 seeds); at 3e-5 greedy +0.5 and avg@4 +2.6 points on average.
-      actor_lr=3e-5,
+      # 1e-4 with 2 epochs x 4 minibatches: upper/lower clip fractions 1-3 % while the
+      # policy moves, held-out greedy +80 points; 3e-4 lost accuracy late (docs/testbed.md)
+      actor_lr=1e-4,
       critic_lr=6e-4,
       warmup_steps=5,
       weight_decay=0.0,
@@ -164,7 +176,9 @@ def _algo_objective() -> dict:
       lam=1.0,
       whiten_advantages=False,
       # policy loss
-      policy_loss="ppo",       # ppo | cispo | reinforce | clip_cov | kl_cov
+      # ppo | cispo | reinforce | clip_cov | kl_cov | sapo | geo_mean | gpg | dppo_tv |
+      # dppo_kl | dro | luspo | vespo (rljax.ops.policy_loss.POLICY_LOSSES)
+      policy_loss="ppo",
       ratio_level="token",     # token | sequence (GSPO) | sequence_token (GSPO-token)
       eps_low=0.2,
       eps_high=0.2,
@@ -177,9 +191,23 @@ def _algo_objective() -> dict:
       clip_cov_high=5.0,
       kl_cov_ratio=2e-4,
       kl_cov_coef=1.0,
+      # 2026 losses (rljax.ops.policy_loss_gated); geo_mean and luspo use eps_low/eps_high
+      sapo_tau_pos=1.0,        # sapo: gate temperature for A > 0
+      sapo_tau_neg=1.05,       # sapo: gate temperature for A <= 0
+      dppo_delta_low=0.15,     # dppo_tv / dppo_kl: divergence threshold for A <= 0 ...
+      dppo_delta_high=0.15,    # ... and for A > 0 (TV: probability change; KL: binary KL)
+      dppo_ratio_cap=20.0,     # dppo: truncation C of the stop-gradient IS weight
+      dro_beta=0.1,            # dro: quadratic log-ratio penalty
+      vespo_k_pos=2.0,         # vespo: Gamma shape k / rate lambda for A >= 0 and A < 0
+      vespo_lambda_pos=3.0,
+      vespo_k_neg=3.0,
+      vespo_lambda_neg=2.0,
+      gpg_f_norm=1.0,          # advantage == "gpg": divisor F_norm
+      pf_ppo="none",           # none | pow | max_min | max_random: PF-PPO resampling of the batch
+      pf_ppo_power=2.0,        # pf_ppo == "pow": exponent
       loss_agg="seq_mean_token_mean",
-      epochs=1,
-      minibatches=1,
+      epochs=2,                # passes over each rollout batch ...
+      minibatches=4,           # ... in this many updates each: 8 updates, ratios leave 1
       microbatches=1,
   )
 
@@ -195,6 +223,11 @@ def _algo_regularisers() -> dict:
       kl_target=0.1,
       kl_horizon=10000,
       reference_offload=False,  # keep the reference params in host memory between uses
+      kl_is_correction=False,  # KL-in-loss times the ratio pi/pi_old (unbiased; DeepSeek-V3.2)
+      ref_refresh="none",      # none | mix (TR-DPO / TRL sync_ref_model) | reset (ProRL)
+      ref_refresh_every=0,     # refresh the reference every N iterations (0: never)
+      ref_mix_alpha=0.6,       # mix: ref <- alpha * policy + (1 - alpha) * ref
+      ref_reset_optimizer=False,  # reset: also restart the actor's optimizer state
       # entropy and token weighting
       entropy_coef=0.0,
       high_entropy_fraction=0.0,   # 0: off; 0.2 keeps the top-20% entropy tokens
@@ -230,6 +263,9 @@ def _algo_data() -> dict:
       critic_warmup_iterations=0,
       critic_init_path="",          # "": critic trunk from the SFT policy; else a reward model
       ptx_coef=0.0,                 # SFT loss on demonstrations mixed into the RL loss
+      # weight of the policy-gradient term; 0 (with ptx_coef or rsft_every) turns the run
+      # into an SFT control with RL's sample and update budget (experiments/rl_vs_sft.py)
+      pg_coef=1.0,
       # rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3)
       rsft_every=0,                 # 0: off; N: a phase before every N-th RL iteration (0, N, ..)
       rsft_k=8,                     # K samples per prompt; the best by reward is kept

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
@@ -40,3 +42,23 @@ def evaluate(ctx, model, prompts, rng, *, n, temperature, batch_size=256):
     for k in range(1, n + 1):
       out[f"pass@{k}"] = float(np.mean(np.asarray(pass_at_k(n, c, k))))
   return out
+
+
+def ood_split(setup):
+  """(context, prompts) of the out-of-distribution split `task.ood_difficulty` (more terms
+  than trained: the "RL generalises, SFT memorises" check of seed 002, after Chu et al.
+  2025, arXiv:2501.17161), or None when it is off. Its budget fits the split's worked
+  solutions, so a longer reasoning mode is not cut off by the training budget."""
+  from rljax.data.tasks import make_task
+
+  t = setup.config.task
+  if not t.ood_difficulty:
+    return None
+  options = {"digits": t.digits} if t.name == "arithmetic" else {}
+  task = make_task(t.name, difficulty=t.ood_difficulty, seed=t.seed, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight, **options)
+  budget = max(setup.ctx.sampling.max_new_tokens, task.max_completion_len + 1)
+  prompt_len = max(setup.ctx.prompt_len, task.max_prompt_len + 1)
+  ctx = dataclasses.replace(setup.ctx, task=task, prompt_len=prompt_len,
+                            sampling=setup.ctx.sampling.replace(max_new_tokens=budget))
+  return ctx, task.heldout_prompts()

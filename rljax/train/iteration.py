@@ -11,8 +11,8 @@ from flax import nnx
 
 from rljax import parallel
 from rljax.analysis import token_statistics
+from rljax.ops import advantages_group, masks, mismatch, shaping
 from rljax.ops import kl as kl_ops
-from rljax.ops import masks, mismatch, shaping
 from rljax.ops.stats import masked_mean
 from rljax.parallel import batch_sharding
 from rljax.train import objective, offload, rollout
@@ -157,11 +157,23 @@ def prepare(setup, fns, state, rows, keys, moments):
   metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
   if a.old_logp_source != "update":
     metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
+  if a.pf_ppo != "none":
+    upd, metrics["train/pf_ppo_unique_frac"] = pf_ppo_filter(a, upd, keys["update"])
   if state.critic is not None:
     resid = masked_mean(jnp.square(returns - batch["values"]), mask)
     var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
     metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
   return upd, metrics, moments
+
+
+def pf_ppo_filter(algo, upd, key):
+  """PF-PPO: the update batch resampled with replacement, P(row) ∝ w(score) (verl
+  `pf_ppo`); returns (batch, fraction of distinct rows kept)."""
+  weights = advantages_group.pf_ppo_weights(upd["scores"], method=algo.pf_ppo,
+                                            power=algo.pf_ppo_power)
+  index = advantages_group.pf_ppo_resample(jax.random.fold_in(key, 0x9F), weights)
+  unique = len(np.unique(np.asarray(index))) / index.shape[0]
+  return {k: v[index] for k, v in upd.items()}, unique
 
 
 def token_weights(algo, adv, entropy, mask):
@@ -186,11 +198,27 @@ def rollout_metrics(rows, scores, adv, mask, loss_mask, kl_coef):
       "train/response_length_mean": float(np.mean(rows["lengths"])),
       "train/response_length_max": float(np.max(rows["lengths"])),
       "train/truncated_frac": float(np.mean(rows["truncated"])),
+      **length_metrics(rows, loss_mask),
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
       "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
                                              jnp.any(adv != 0, axis=1))),
       "kl/coef": float(kl_coef),
   }
+
+
+def length_metrics(rows, loss_mask):
+  """Length tail and length by outcome (DAPO Figs. 4-5; Dr. GRPO Sec. 3.1: a sequence-mean
+  loss lets incorrect answers grow) and the loss tokens truncated rows still carry (0 under
+  overlong filtering). NaN when no row of that outcome exists."""
+  lengths = np.asarray(rows["lengths"], np.float64)
+  correct = np.asarray(rows["accuracy"]) > 0
+  def mean_or_nan(x):
+    return float(np.mean(x)) if x.size else float("nan")
+  return {"train/response_length_p90": float(np.percentile(lengths, 90)),
+          "train/length_correct": mean_or_nan(lengths[correct]),
+          "train/length_incorrect": mean_or_nan(lengths[~correct]),
+          "train/truncated_loss_tokens": float(jnp.sum(
+              (loss_mask > 0) & jnp.asarray(rows["truncated"], bool)[:, None]))}
 
 
 def old_policy_metrics(upd, *, with_ref):

@@ -14,8 +14,8 @@ from flax import nnx
 from rljax import parallel, sampling
 from rljax.models.heads import ValueModel
 from rljax.ops.shaping import RunningMoments
-from rljax.train import checkpoint, metrics, sft
-from rljax.train.evaluate import evaluate
+from rljax.train import checkpoint, metrics, reference, sft
+from rljax.train.evaluate import evaluate, ood_split
 from rljax.train.iteration import ForwardFns, rl_iteration, save_analysis_batch
 from rljax.train.rejection_sft import RejectionSFT
 from rljax.train.setup import build, compile_update, init_state
@@ -62,11 +62,18 @@ def compile_count(setup, fns, rsft=None):
   return sampling.compile_count() + fns.compile_count() + setup.update_step._cache_size() + extra
 
 
-def _evaluate(setup, state, seed_key):
+def _evaluate(setup, state, seed_key, *, with_ood=False):
+  """Held-out metrics; with `with_ood` also the task.ood_difficulty split as `ood_*`."""
   c = setup.config
   model = nnx.merge(setup.actor_graphdef, state.actor)
-  return evaluate(setup.ctx, model, setup.task.heldout_prompts(), seed_key,
-                  n=c.sampling.eval_n, temperature=c.sampling.eval_temperature)
+  out = evaluate(setup.ctx, model, setup.task.heldout_prompts(), seed_key,
+                 n=c.sampling.eval_n, temperature=c.sampling.eval_temperature)
+  split = ood_split(setup) if with_ood else None
+  if split is not None:
+    ood = evaluate(split[0], model, split[1], seed_key, n=c.sampling.eval_n,
+                   temperature=c.sampling.eval_temperature)
+    out.update({f"ood_{k}": v for k, v in ood.items()})
+  return out
 
 
 def _fresh_state(setup):
@@ -145,7 +152,8 @@ def train(config, *, stop_after=None):
   finally:
     ckpt.close()   # waits for an asynchronous save in flight, even when stopping on an error
   writer.close()
-  return _finish(setup, state, before, _evaluate(setup, state, eval_key), t_start)
+  return _finish(setup, state, before, _evaluate(setup, state, eval_key, with_ood=True),
+                 t_start)
 
 
 def _iteration(setup, fns, rsft, state, it, moments, eval_key, ckpt_dir):
@@ -159,6 +167,9 @@ def _iteration(setup, fns, rsft, state, it, moments, eval_key, ckpt_dir):
     state, rsft_metrics, *_ = rsft.phase(state, it, model)
   model = nnx.merge(setup.actor_graphdef, state.actor)
   state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
+  if reference.refresh_due(c.algo, it):
+    state = reference.refresh_reference(setup, state, it)
+    m["kl/ref_refreshed"] = 1
   m.update(rsft_metrics)
   skipped_in_row = int(state.nonfinite_in_row)
   if skipped_in_row >= c.run.max_nonfinite_in_row:
@@ -185,7 +196,8 @@ def _start(setup, ckpt, eval_key):
   restored = ckpt.restore_latest(template)
   if restored is None:
     state = _fresh_state(setup)
-    return state, RunningMoments.create(), 0, _evaluate(setup, state, eval_key)
+    return state, RunningMoments.create(), 0, _evaluate(setup, state, eval_key,
+                                                        with_ood=True)
   step, state, host = restored
   setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
   start = int(state.iteration)

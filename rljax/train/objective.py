@@ -19,6 +19,7 @@ from rljax.models.logprobs import token_logprobs_and_entropy
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
 from rljax.ops import policy_loss as pl
+from rljax.ops import policy_loss_gated as gated
 from rljax.ops import value as value_ops
 
 
@@ -47,8 +48,12 @@ class LossSpec:
   value_clip: float
   vf_coef: float
   ptx_coef: float
+  pg_coef: float
   temperature: float
   old_logp_from_update: bool = False
+  # hyper-parameters of the losses in rljax.ops.policy_loss_gated: sorted (name, value) pairs
+  gated_hyper: tuple = ()
+  kl_is_correction: bool = False
 
 
 def loss_spec(config) -> LossSpec:
@@ -66,9 +71,25 @@ def loss_spec(config) -> LossSpec:
       kl_in_loss=a.kl_placement == "loss", kl_estimator=a.kl_estimator,
       entropy_coef=float(a.entropy_coef), use_critic=a.advantage == "gae",
       value_clip=float(a.value_clip), vf_coef=float(a.vf_coef), ptx_coef=float(a.ptx_coef),
-      temperature=float(config.sampling.temperature),
+      pg_coef=float(a.pg_coef), temperature=float(config.sampling.temperature),
       old_logp_from_update=a.old_logp_source == "update",
+      gated_hyper=tuple(sorted(_gated_hyper(a).get(a.policy_loss, {}).items())),
+      kl_is_correction=bool(a.kl_is_correction),
   )
+
+
+def _gated_hyper(a) -> dict:
+  """Config fields of each loss in `rljax.ops.policy_loss_gated`, by loss name."""
+  dppo = dict(delta_low=float(a.dppo_delta_low), delta_high=float(a.dppo_delta_high),
+              ratio_cap=float(a.dppo_ratio_cap))
+  clip = dict(eps_low=float(a.eps_low), eps_high=float(a.eps_high))
+  return {
+      "sapo": dict(tau_pos=float(a.sapo_tau_pos), tau_neg=float(a.sapo_tau_neg)),
+      "geo_mean": clip, "luspo": clip, "gpg": {}, "dppo_tv": dppo, "dppo_kl": dppo,
+      "dro": dict(beta=float(a.dro_beta)),
+      "vespo": dict(k_pos=float(a.vespo_k_pos), lambda_pos=float(a.vespo_lambda_pos),
+                    k_neg=float(a.vespo_k_neg), lambda_neg=float(a.vespo_lambda_neg)),
+  }
 
 
 def full_sequence(batch):
@@ -120,6 +141,8 @@ def policy_terms(spec: LossSpec, logp, batch):
                             eps_low=spec.eps_low, eps_high=spec.eps_high)
   if spec.policy_loss == "kl_cov":
     return pl.kl_cov_loss(*common, kl_fraction=spec.kl_cov_ratio, kl_coef=spec.kl_cov_coef)
+  if spec.policy_loss in gated.GATED_LOSSES:
+    return gated.GATED_LOSSES[spec.policy_loss](*common, **dict(spec.gated_hyper))
   raise ValueError(f"unknown policy_loss {spec.policy_loss!r}")
 
 
@@ -158,7 +181,7 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
   loss_bt, diag = policy_terms(spec, logp, batch)
   weighted = loss_bt * batch["token_weights"] * batch["is_weights"]
   pg = _sum(weighted, mask, spec.loss_agg, spec) / denom["policy"]
-  loss = pg
+  loss = spec.pg_coef * pg
   tok = lambda x: _sum(x, mask, "token_mean", spec)  # noqa: E731
   metrics = {
       "pg_loss": pg * denom["tokens"], "entropy": tok(entropy),
@@ -172,7 +195,11 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     ent = _sum(entropy, mask, spec.loss_agg, spec) / denom["policy"]
     loss = loss - spec.entropy_coef * ent
   if spec.kl_in_loss:
-    kl_bt = kl_ops.kl_estimate(logp, batch["ref_logp"], spec.kl_estimator)
+    if spec.kl_is_correction:
+      kl_bt = kl_ops.is_corrected_kl(logp, batch["old_logp"], batch["ref_logp"], mask,
+                                     kind=spec.kl_estimator)
+    else:
+      kl_bt = kl_ops.kl_estimate(logp, batch["ref_logp"], spec.kl_estimator)
     loss = loss + batch["kl_coef"] * _sum(kl_bt, mask, spec.loss_agg, spec) / denom["policy"]
     metrics["kl_ref"] = tok(kl_bt)
   if spec.use_critic:

@@ -67,7 +67,8 @@ def build_task(config):
                                   columns=list(fields.values()))
     return RecordsTask(rows, source=f"{t.tfds_name}[{t.tfds_split}]", **options)
   hi = t.difficulty_max or t.difficulty
-  options = {"digits": t.digits} if t.name == "arithmetic" else {}
+  options = ({"digits": t.digits, "scratchpad_fraction": t.scratchpad_fraction}
+             if t.name == "arithmetic" else {})
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
                    format_weight=t.format_weight, **options)
 

@@ -21,15 +21,19 @@ from rljax.data.batching import left_pad
 from rljax.train import objective
 
 
-def demonstration_batch(ctx, prompts, completion_len):
-  """Prompt + demonstration rows in the rollout layout (prompt left-padded, completion right)."""
+def demonstration_batch(ctx, prompts, completion_len, *, worked=False):
+  """Prompt + demonstration rows in the rollout layout (prompt left-padded, completion right).
+
+  worked=True: the worked solution of every prompt (`Task.demonstration(worked=True)`).
+  """
   tok = ctx.tokenizer
   p_ids = [ctx.prompt_ids(p) for p in prompts]
   prompt_tokens, prompt_mask = left_pad(p_ids, pad_id=tok.pad_id, length=ctx.prompt_len)
   tokens = np.full((len(prompts), completion_len), tok.pad_id, np.int32)
   mask = np.zeros((len(prompts), completion_len), np.int32)
   for i, p in enumerate(prompts):
-    ids = (tok.encode(ctx.task.demonstration(p)) + [tok.eos_id])[:completion_len]
+    demo = ctx.task.demonstration(p, worked=True) if worked else ctx.task.demonstration(p)
+    ids = (tok.encode(demo) + [tok.eos_id])[:completion_len]
     tokens[i, :len(ids)] = ids
     mask[i, :len(ids)] = 1
   return {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens,
@@ -78,23 +82,32 @@ def sft_optimizer(lr, *, warmup_steps, steps, end_lr_fraction):
 
 
 def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progress=False,
-              end_lr_fraction=1.0):
-  """`steps` AdamW steps of token-mean NLL on demonstrations; returns (params, last loss)."""
+              end_lr_fraction=1.0, worked_steps=0, completion_len=0):
+  """`steps` AdamW steps of token-mean NLL on demonstrations; returns (params, last loss).
+
+  The first `worked_steps` steps show every prompt's worked solution, the rest the task's
+  own demonstrations (for arithmetic, the `scratchpad_fraction` mixture): a skill phase,
+  then a terse-answer phase, as a base model that can reason step by step is instruction-
+  tuned towards short answers. `completion_len` (0: sampling.max_new_tokens) is the
+  demonstration length, which may exceed the RL budget.
+  """
   tx = sft_optimizer(lr, warmup_steps=warmup_steps, steps=steps,
                      end_lr_fraction=end_lr_fraction)
   step = jax.jit(sft_step_fn(setup.actor_graphdef, tx))
   prompts = setup.task.train_prompts()
   rng = np.random.default_rng(seed)
   opt_state = tx.init(params)
-  completion_len = setup.config.sampling.max_new_tokens
+  completion_len = completion_len or setup.config.sampling.max_new_tokens
+  if "scratchpad_fraction" not in getattr(setup.task, "options", {}):
+    worked_steps = 0   # only the synthetic arithmetic task has a separate worked mode
   loss = float("nan")
   iterator = range(steps)
   if progress:
     from tqdm import tqdm
     iterator = tqdm(iterator, desc="SFT warm start", leave=False)
-  for _ in iterator:
-    chosen = [prompts[i] for i in rng.integers(0, len(prompts), batch_size)]
-    batch = demonstration_batch(setup.ctx, chosen, completion_len)
+  for i in iterator:
+    chosen = [prompts[j] for j in rng.integers(0, len(prompts), batch_size)]
+    batch = demonstration_batch(setup.ctx, chosen, completion_len, worked=i < worked_steps)
     params, opt_state, loss = step(params, opt_state, batch)
   return params, float(loss)
 
@@ -113,7 +126,8 @@ def warm_start(setup, params):
         return ckpt.restore(cache, target)
   params, _ = train_sft(setup, params, steps=c.sft.steps, batch_size=c.sft.batch_size,
                         lr=c.sft.lr, warmup_steps=c.sft.warmup_steps, seed=c.run.seed,
-                        progress=c.run.progress, end_lr_fraction=c.sft.end_lr_fraction)
+                        progress=c.run.progress, end_lr_fraction=c.sft.end_lr_fraction,
+                        worked_steps=c.sft.worked_steps, completion_len=c.sft.max_len)
   if cache is not None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckpt:

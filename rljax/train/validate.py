@@ -16,9 +16,12 @@ from rljax.parallel.mesh import select_devices
 
 ADVANTAGE_MODES = (
     "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-    "remax", "gae", "pass_at_k",
+    "remax", "gae", "pass_at_k", "opo", "gpg", "grpo_passk",
 )
-POLICY_LOSS_KINDS = ("ppo", "cispo", "reinforce", "clip_cov", "kl_cov")
+POLICY_LOSS_KINDS = ("ppo", "cispo", "reinforce", "clip_cov", "kl_cov", "sapo", "geo_mean",
+                     "gpg", "dppo_tv", "dppo_kl", "dro", "luspo", "vespo")
+PF_PPO_METHODS = ("none", "pow", "max_min", "max_random")
+REF_REFRESH_MODES = ("none", "mix", "reset")
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
 AGGREGATION_MODES = (
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
@@ -72,7 +75,8 @@ def _check_choices(errors, c):
       ("sampling.sampler_dtype", SAMPLER_DTYPES),
       ("task.reward_on_failure", ("score_failure", "raise")),
       ("task.long_prompts", ("reject", "truncate")),
-      ("task.name", TASK_NAMES),
+      ("task.name", TASK_NAMES), ("algo.pf_ppo", PF_PPO_METHODS),
+      ("algo.ref_refresh", REF_REFRESH_MODES),
   ):
     _choice(errors, c, dotted, allowed)
 
@@ -93,6 +97,12 @@ def _check_ranges(errors, c):
   _check(errors, a.tis_cap > 0, f"algo.tis_cap={a.tis_cap} must be > 0")
   _check(errors, 0 <= a.icepop_low < 1 < a.icepop_high,
          f"algo.icepop_low/high=({a.icepop_low}, {a.icepop_high}) must satisfy 0 <= low < 1 < high")
+  _check(errors, 0.0 <= c.task.scratchpad_fraction <= 1.0,
+         f"task.scratchpad_fraction={c.task.scratchpad_fraction} must be in [0, 1]")
+  _check(errors, c.sft.worked_steps >= 0,
+         f"sft.worked_steps={c.sft.worked_steps} must be >= 0 (capped at sft.steps)")
+  _check(errors, c.sft.max_len >= 0,
+         f"sft.max_len={c.sft.max_len} must be >= 0 (0: sampling.max_new_tokens)")
   _check(errors, s.temperature > 0, f"sampling.temperature={s.temperature} must be > 0")
   _check(errors, 0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
   _check(errors, s.top_k >= 0, f"sampling.top_k={s.top_k} must be >= 0 (0: off)")
@@ -113,7 +123,8 @@ def _check_ranges(errors, c):
 
 def _check_combinations(errors, c):
   a, s = c.algo, c.sampling
-  group_based = ("grpo", "rloo", "reinforce_pp_baseline", "pass_at_k", "dr_grpo")
+  group_based = ("grpo", "rloo", "reinforce_pp_baseline", "pass_at_k", "dr_grpo", "opo",
+                 "gpg", "grpo_passk")
   if s.n < 2 and a.advantage in group_based:
     errors.append(f"sampling.n={s.n}: algo.advantage={a.advantage!r} compares samples within a "
                   "group and needs sampling.n >= 2")
@@ -131,6 +142,16 @@ def _check_combinations(errors, c):
   if a.soft_overlong and not 0 < a.overlong_cache_len < s.max_new_tokens:
     errors.append(f"algo.overlong_cache_len={a.overlong_cache_len} must be in "
                   f"(0, sampling.max_new_tokens={s.max_new_tokens})")
+  if c.task.ood_difficulty and c.task.name not in TASKS:
+    errors.append(f"task.ood_difficulty={c.task.ood_difficulty} needs a synthetic task "
+                  f"({sorted(TASKS)}), not task.name={c.task.name!r}")
+  if c.task.ood_difficulty < 0:
+    errors.append(f"task.ood_difficulty={c.task.ood_difficulty} must be >= 0 (0: off)")
+  if a.pg_coef < 0:
+    errors.append(f"algo.pg_coef={a.pg_coef} must be >= 0")
+  elif a.pg_coef == 0 and not (a.ptx_coef or a.rsft_every or a.entropy_coef):
+    errors.append("algo.pg_coef=0 leaves nothing to train the policy: set algo.ptx_coef "
+                  "(continued SFT) or algo.rsft_every (rejection-sampled SFT)")
   if a.critic_warmup_iterations > 0 and a.advantage != "gae":
     errors.append("algo.critic_warmup_iterations > 0 needs a critic (algo.advantage='gae')")
   batch = s.prompts_per_iteration * s.n
@@ -153,8 +174,39 @@ def _check_combinations(errors, c):
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
   _check_rsft(errors, a)
+  _check_2026(errors, a)
   if a.old_logp_source == "update":
     _check_old_logp_from_update(errors, a)
+
+
+def _check_2026(errors, a):
+  """Fields of the losses in rljax.ops.policy_loss_gated, PF-PPO and reference refresh."""
+  for name in ("sapo_tau_pos", "sapo_tau_neg", "dro_beta", "vespo_lambda_pos",
+               "vespo_lambda_neg", "gpg_f_norm", "pf_ppo_power"):
+    _check(errors, a[name] > 0, f"algo.{name}={a[name]} must be > 0")
+  for name in ("dppo_delta_low", "dppo_delta_high", "vespo_k_pos", "vespo_k_neg"):
+    _check(errors, a[name] >= 0, f"algo.{name}={a[name]} must be >= 0")
+  _check(errors, a.dppo_ratio_cap >= 1, f"algo.dppo_ratio_cap={a.dppo_ratio_cap} must be >= 1")
+  if a.policy_loss == "luspo" and a.loss_agg != "seq_mean_token_sum":
+    errors.append(f"algo.policy_loss='luspo' weights each sequence by its length through "
+                  f"algo.loss_agg='seq_mean_token_sum' (got {a.loss_agg!r})")
+  if a.kl_is_correction and a.kl_placement != "loss":
+    errors.append("algo.kl_is_correction=True corrects the KL term of the loss: it needs "
+                  f"algo.kl_placement='loss' (got {a.kl_placement!r})")
+  if a.ref_refresh != "none":
+    if a.kl_placement == "none":
+      errors.append(f"algo.ref_refresh={a.ref_refresh!r} but algo.kl_placement='none': there "
+                    "is no reference model to refresh")
+    if not isinstance(a.ref_refresh_every, int) or a.ref_refresh_every < 1:
+      errors.append(f"algo.ref_refresh_every={a.ref_refresh_every!r} must be an int >= 1 when "
+                    f"algo.ref_refresh={a.ref_refresh!r}")
+  _check(errors, 0.0 <= a.ref_mix_alpha <= 1.0,
+         f"algo.ref_mix_alpha={a.ref_mix_alpha} must be in [0, 1]")
+  if a.ref_reset_optimizer and a.ref_refresh != "reset":
+    errors.append("algo.ref_reset_optimizer=True needs algo.ref_refresh='reset'")
+  if a.pf_ppo != "none" and a.old_logp_source == "update":
+    errors.append("algo.pf_ppo resamples the batch before the update; it needs "
+                  "algo.old_logp_source != 'update'")
 
 
 def _check_old_logp_from_update(errors, a):
