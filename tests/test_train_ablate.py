@@ -44,3 +44,16 @@ def test_table_gives_mean_and_sample_sd_over_seeds():
   cell = row[header.index("held-out acc after")]
   assert cell == f"0.6 ± {math.sqrt(0.02):.2g}"
   assert row[header.index("gen rounds")] == "–"
+
+
+def test_run_plot_heldout_series_has_the_points_before_and_after_rl():
+  from rljax.train.metrics import _heldout_series
+
+  records = [{"iteration": 10, "eval/accuracy": 0.5, "eval/avg@4": 0.4, "eval/pass@4": 0.7},
+             {"iteration": 20}]
+  before = {"accuracy": 0.1, "avg@4": 0.2, "pass@4": 0.5}
+  after = {"accuracy": 0.9, "avg@4": 0.8, "pass@4": 0.95}
+  series = _heldout_series(records, before, after, 20)
+  assert series == {"greedy": [(0, 0.1), (10, 0.5), (20, 0.9)],
+                    "avg@4": [(0, 0.2), (10, 0.4), (20, 0.8)],
+                    "pass@4": [(0, 0.5), (10, 0.7), (20, 0.95)]}

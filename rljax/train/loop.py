@@ -212,7 +212,7 @@ def _finish(setup, state, before, after, t_start):
   run_dir = pathlib.Path(setup.config.run.dir)
   primary = parallel.is_primary()
   if setup.config.run.plots and primary:
-    metrics.plot_run(run_dir)
+    metrics.plot_run(run_dir, before=before, after=after)
   result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],
             "wall_s": round(time.perf_counter() - t_start, 1),
             "iterations": int(state.iteration)}

@@ -9,13 +9,16 @@ import pathlib
 import numpy as np
 
 # The curves the DAPO authors say to watch (seed 004: reward, entropy, length) plus
-# accuracy and the health signals of an update.
+# accuracy and the health signals of an update. The held-out panel is drawn separately
+# (greedy, avg@k and pass@k, with the points before and after RL).
 PLOTTED = (
     ("reward", "train/reward"), ("accuracy (train)", "train/accuracy"),
-    ("accuracy (held-out)", "eval/accuracy"), ("entropy", "update/entropy"),
-    ("response length", "train/response_length_mean"), ("clip fraction (high)", "update/clip_high"),
+    ("entropy", "update/entropy"), ("response length", "train/response_length_mean"),
+    ("truncated fraction", "train/truncated_frac"), ("clip fraction (high)", "update/clip_high"),
     ("approx KL to old", "update/approx_kl_old"), ("grad norm", "update/grad_norm"),
+    ("effective batch", "train/effective_batch"),
 )
+HELDOUT_TITLE = "held-out accuracy"
 
 
 def _to_python(value):
@@ -84,21 +87,51 @@ def read_metrics(run_dir):
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_run(run_dir, out_path=None):
-  """Writes a grid of the key curves of one run as PNG; returns the path."""
+def _heldout_series(records, before, after, last_iteration):
+  """{label: [(iteration, value)]}: greedy accuracy, avg@k and pass@k of the held-out set,
+  from the periodic `eval/` records plus the evaluations before (iteration 0) and after RL."""
+  k = max((int(key.split("@")[1]) for key in (after or {}) if key.startswith("avg@")), default=0)
+  series = {"greedy": "accuracy", f"avg@{k}": f"avg@{k}", f"pass@{k}": f"pass@{k}"}
+  out = {}
+  for label, key in series.items():
+    points = {r["iteration"]: r[f"eval/{key}"] for r in records
+              if isinstance(r.get(f"eval/{key}"), (int, float))}
+    if before and key in before:
+      points[0] = before[key]
+    if after and key in after:
+      points[last_iteration] = after[key]
+    if points:
+      out[label] = sorted(points.items())
+  return out
+
+
+def plot_run(run_dir, out_path=None, *, before=None, after=None):
+  """Writes a grid of the key curves of one run as PNG; returns the path.
+
+  Args:
+    before, after: the held-out evaluations before and after RL (`evaluate` dicts), drawn
+      at iteration 0 and at the last iteration of the held-out panel.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   records = read_metrics(run_dir)
   out_path = pathlib.Path(out_path or pathlib.Path(run_dir) / "curves.png")
-  fig, axes = plt.subplots(2, 4, figsize=(16, 7))
-  for ax, (title, key) in zip(axes.ravel(), PLOTTED):
+  fig, axes = plt.subplots(2, 5, figsize=(20, 7))
+  axes = axes.ravel()
+  last = max((r["iteration"] for r in records), default=0)
+  for label, points in _heldout_series(records, before, after, last).items():
+    axes[0].plot(*zip(*points), marker=".", label=label)
+  axes[0].set_title(HELDOUT_TITLE)
+  axes[0].legend(fontsize=8)
+  for ax, (title, key) in zip(axes[1:], PLOTTED):
     points = [(r["iteration"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
     if points:
       xs, ys = zip(*points)
       ax.plot(xs, ys, marker="." if len(xs) < 30 else None)
     ax.set_title(title)
+  for ax in axes:
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
   fig.tight_layout()
