@@ -96,7 +96,8 @@ def test_reset_refresh_copies_the_policy_and_optionally_resets_the_optimizer():
     {"algo.advantage": "grpo_passk", "algo.pf_ppo": "pow", "algo.policy_loss": "vespo",
      "algo.loss_agg": "token_mean"},
     {"algo.policy_loss": "dro", "algo.loss_agg": "token_mean", "algo.minibatches": 2},
-], ids=["opo_pf_ppo_luspo", "grpo_passk_vespo", "dro"])
+    {"algo.advantage": "optimal_token_baseline", "algo.loss_agg": "token_mean"},
+], ids=["opo_pf_ppo_luspo", "grpo_passk_vespo", "dro", "optimal_token_baseline"])
 def test_options_without_an_experiment_file_train(extra, tmp_path):
   config = micro_config("grpo", tmp_path, **extra)
   assert train(config)["iterations"] == 2

@@ -30,7 +30,10 @@ DEFAULT_CHUNK_SIZE = 128
 
 
 def _chunk_stats(hidden_bcd, targets_bc, lm_head_fn, temperature, with_entropy):
-  """log π(target) and entropy for one chunk; float32 [B,c] each."""
+  """log π(target) and a second statistic for one chunk; float32 [B,c] each.
+
+  with_entropy: False (zeros), True (the entropy) or "sum_sq" (Σ_v π_v²).
+  """
   z = lm_head_fn(hidden_bcd).astype(jnp.float32) / temperature  # [B,c,V]
   lse = jax.nn.logsumexp(z, axis=-1)  # [B,c]
   z_target = jnp.take_along_axis(z, targets_bc[..., None], axis=-1, mode="clip")[..., 0]
@@ -38,6 +41,8 @@ def _chunk_stats(hidden_bcd, targets_bc, lm_head_fn, temperature, with_entropy):
   if not with_entropy:
     return logp, jnp.zeros_like(logp)
   probs = jnp.exp(z - lse[..., None])
+  if with_entropy == "sum_sq":
+    return logp, jnp.sum(jnp.square(probs), axis=-1)
   entropy = lse - jnp.sum(probs * z, axis=-1)
   return logp, entropy
 
@@ -96,6 +101,21 @@ def logprobs_and_entropy_from_hidden(hidden_btd, targets_bt, lm_head_fn: Callabl
   return _chunked(hidden_btd, targets_bt, lm_head_fn, temperature, chunk_size, True)
 
 
+def logprobs_and_sum_sq_from_hidden(hidden_btd, targets_bt, lm_head_fn: Callable, *,
+                                    temperature=1.0, chunk_size: int = DEFAULT_CHUNK_SIZE):
+  """`logprobs_from_hidden` plus Σ_v π_v² of the temperature-scaled next-token distribution.
+
+  1 − 2π(y_t) + Σ_v π_v² = ‖∇_z log π(y_t)‖² is the squared norm of the log-prob's gradient
+  with respect to the logits, the per-token variance proxy of the optimal token baseline
+  (`rljax.ops.advantages_group.optimal_token_baseline_advantages`; verl
+  `optimal_token_baseline`).
+
+  Returns:
+    (logp_bt, sum_sq_bt), float32 [B,T] each.
+  """
+  return _chunked(hidden_btd, targets_bt, lm_head_fn, temperature, chunk_size, "sum_sq")
+
+
 def _completion_hidden(model, tokens_bs, positions_bs, attention_mask_bs, prompt_len):
   chex.assert_rank(tokens_bs, 2)
   s = tokens_bs.shape[1]
@@ -123,6 +143,15 @@ def token_logprobs(model, tokens_bs, positions_bs, attention_mask_bs, *, prompt_
   h, y = _completion_hidden(model, tokens_bs, positions_bs, attention_mask_bs, prompt_len)
   return logprobs_from_hidden(h, y, model.logits_from_hidden, temperature=temperature,
                               chunk_size=chunk_size)
+
+
+def token_logprobs_and_sum_sq(model, tokens_bs, positions_bs, attention_mask_bs, *,
+                              prompt_len: int, temperature=1.0,
+                              chunk_size: int = DEFAULT_CHUNK_SIZE):
+  """`token_logprobs` plus Σ_v π_v² per token; returns (logp_bt, sum_sq_bt) float32 [B,T]."""
+  h, y = _completion_hidden(model, tokens_bs, positions_bs, attention_mask_bs, prompt_len)
+  return logprobs_and_sum_sq_from_hidden(h, y, model.logits_from_hidden,
+                                         temperature=temperature, chunk_size=chunk_size)
 
 
 def token_logprobs_and_entropy(model, tokens_bs, positions_bs, attention_mask_bs, *,

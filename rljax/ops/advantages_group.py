@@ -1,5 +1,5 @@
 """More group estimators and sample weights: OPO, GPG, GRPO pass@k (best-only), the
-optimal token baseline, and PF-PPO reweighting.
+optimal token baseline, GDPO's decoupled normalisation, and PF-PPO reweighting.
 
 Same conventions as `rljax.ops.advantages`: group arrays are `[B, G]` (B prompts, G
 samples each) reduced over the last axis, `mask_bg` marks samples that count, outputs
@@ -143,6 +143,43 @@ def optimal_token_baseline_advantages(returns_bgt, logp_bgt, sum_pi_sq_bgt, mask
   single = jnp.sum(jnp.any(m > 0, axis=-1), axis=1, keepdims=True)[..., None] < 2
   baseline = jnp.where(single, 0.0, baseline)
   return (g - baseline) * m
+
+
+def gdpo_advantages(rewards_bgk, weights_k, *, eps=1e-6, mask_bg=None):
+  """GDPO: each reward normalised within its group, weighted sum, then batch-normalised.
+
+  A_k = (r_k − mean_g r_k)/(std_g r_k + ε),  A = Σ_k w_k·A_k,
+  Â = (A − mean_batch A)/(std_batch A + ε).
+  "GDPO: Group reward-Decoupled Normalization Policy Optimization for Multi-reward RL
+  Optimization" (Liu et al. 2026, arXiv:2601.05242, Sec. 3); TRL
+  `multi_objective_aggregation="normalize_then_sum"`. With several rewards GRPO's
+  normalise-the-sum maps different reward combinations to the same advantage (a group
+  with rewards (1, 0) and one with (0, 1) look alike); normalising each reward first keeps
+  them apart.
+
+  Note: the group std is the unbiased one of `group_advantages` (a reward constant within a
+  group contributes 0); the batch statistics run over valid samples (ddof = 1).
+
+  Args:
+    rewards_bgk: K reward components per sample, float [B, G, K] (unweighted).
+    weights_k: float [K].
+    eps: ε of both normalisations.
+    mask_bg: optional [B, G] validity.
+  Returns:
+    advantages, float32 [B, G]; 0 where invalid.
+  """
+  from rljax.ops.advantages import group_advantages
+  from rljax.ops.stats import masked_mean, masked_std
+
+  chex.assert_rank(rewards_bgk, 3)
+  chex.assert_shape(weights_k, rewards_bgk.shape[2:])
+  valid = _valid(mask_bg, rewards_bgk[..., 0])
+  per_reward = jax.vmap(lambda r_bg: group_advantages(r_bg, eps=eps, mask_bg=valid),
+                        in_axes=2, out_axes=2)(rewards_bgk.astype(jnp.float32))
+  summed = jnp.sum(per_reward * jnp.asarray(weights_k, jnp.float32), axis=-1)   # [B, G]
+  mean = masked_mean(summed, valid)
+  std = masked_std(summed, valid, ddof=1)
+  return jnp.where(valid, (summed - mean) / (std + eps), 0.0)
 
 
 def pf_ppo_weights(scores_b, *, method="pow", power=2.0):

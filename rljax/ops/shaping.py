@@ -1,5 +1,6 @@
 """Reward shaping on sequence scores: DAPO soft overlong punishment, length penalty,
-running z-score normalisation, clipping, and reward whitening (seed 001)."""
+missing-EOS and n-gram repetition penalties, running z-score normalisation, clipping,
+and reward whitening (seed 001)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,69 @@ def length_penalty(lengths_bg, correct_bg, *, coef=1.0, mask_bg=None):
   lam = jnp.where(span > 0, 0.5 - safe_divide(lengths_bg - lo, span), 0.0)
   reward = jnp.where(correct_bg > 0, lam, jnp.minimum(lam, 0.0))
   return jnp.where(valid, coef * reward, 0.0)
+
+
+def missing_eos_penalty(truncated_b, *, penalty):
+  """−penalty for a completion that never emitted its stop token (cut at the budget).
+
+  TRL's `missing_eos_penalty` (PPO / RLOO / Online DPO trainers: "Penalty applied to the
+  score when the model fails to generate an EOS token"), there subtracted from the
+  reward-model score. Unlike DAPO's soft overlong punishment it does not depend on how far
+  past a buffer the length went: any truncated sample gets the same penalty.
+
+  Args:
+    truncated_b: bool or {0, 1} [B], 1 = no stop token within the budget.
+    penalty: a float ≥ 0.
+  Returns:
+    float32 [B]: −penalty where truncated, 0 elsewhere.
+  """
+  chex.assert_rank(truncated_b, 1)
+  return jnp.where(jnp.asarray(truncated_b) > 0, -jnp.float32(penalty), 0.0)
+
+
+def _distinct_ngrams_row(tokens_t, valid_t, n):
+  """(number of distinct valid n-grams, number of valid n-grams) of one row."""
+  t = tokens_t.shape[0]
+  count = t - n + 1
+  grams = jnp.stack([tokens_t[i:i + count] for i in range(n)], axis=-1)   # [count, n]
+  ok = jnp.stack([valid_t[i:i + count] for i in range(n)], axis=-1).all(axis=-1)
+  # Sort valid n-grams first (key 0: invalid flag), lexicographically; a distinct n-gram
+  # starts wherever a valid sorted n-gram differs from the one before it.
+  keys = [grams[:, i] for i in reversed(range(n))] + [~ok]
+  order = jnp.lexsort(keys)
+  g, v = grams[order], ok[order]
+  new = jnp.concatenate([jnp.ones((1,), bool), jnp.any(g[1:] != g[:-1], axis=-1)])
+  return jnp.sum(new & v), jnp.sum(ok)
+
+
+def ngram_repetition_penalty(tokens_bt, mask_bt, *, n=3, max_penalty=1.0):
+  """−max_penalty · (1 − distinct n-grams / n-grams) of each completion's token ids.
+
+  The n-gram repetition penalty of Open-R1 / TRL's reward recipes
+  (`get_repetition_penalty_reward(ngram_size, max_penalty)`), after Yeo et al. 2025,
+  "Demystifying Long Chain-of-Thought Reasoning in LLMs", arXiv:2502.03373, §4.2: a
+  completion that loops repeats its n-grams, so its share of distinct n-grams falls.
+
+  Note: counted on token ids, not on whitespace-split words as Open-R1 does; a sequence
+  with fewer than n tokens gets 0.
+
+  Args:
+    tokens_bt: int [B, T].
+    mask_bt: [B, T], 1 on completion tokens (a prefix of each row).
+    n: n-gram size ≥ 1.
+    max_penalty: the penalty of a completion that is one n-gram repeated, ≥ 0.
+  Returns:
+    float32 [B] in [−max_penalty, 0].
+  """
+  chex.assert_rank(tokens_bt, 2)
+  chex.assert_equal_shape((tokens_bt, mask_bt))
+  if n < 1:
+    raise ValueError(f"ngram_repetition_penalty: n={n} must be >= 1")
+  if tokens_bt.shape[1] < n:
+    return jnp.zeros(tokens_bt.shape[:1], jnp.float32)
+  distinct, total = jax.vmap(lambda t, m: _distinct_ngrams_row(t, m > 0, n))(tokens_bt, mask_bt)
+  share_repeated = jnp.where(total > 0, 1.0 - distinct / jnp.maximum(total, 1), 0.0)
+  return (-max_penalty * share_repeated).astype(jnp.float32)
 
 
 class RunningMoments(NamedTuple):

@@ -1,8 +1,11 @@
 """Reward-function protocol, weighted composition and failure containment.
 
 A reward function is any callable `fn(prompt, completion) -> float` (or a mapping with a
-`"total"` key), where `prompt` has `.id` and `.answer` (`rljax.data.Prompt`) and
-`completion` is the decoded completion text. `compose` turns a list of
+`"total"` or `"score"` key; its other numeric keys are kept as extra components
+`name/key`), where `prompt` has `.id` and `.answer` (`rljax.data.Prompt`) and
+`completion` is the decoded completion text. A callable with the attribute
+`batched = True` is called once per batch, `fn(prompts, completions) -> list`, and a
+failure of that call fails its component on every sample. `compose` turns a list of
 `(name, fn, weight)` into one scorer for a batch that returns the weighted total and each
 component separately (so each is logged), and contains failures: a function that raises,
 exceeds its deadline, or returns a non-finite value is scored `failure_score` for that
@@ -50,7 +53,9 @@ class ComposedRewards(NamedTuple):
 
   Attributes:
     total: float32 [B], Σ_k weight_k · component_k.
-    components: name -> float32 [B] (unweighted), one entry per reward function.
+    components: name -> float32 [B] (unweighted), one entry per reward function, plus
+      `name/key` for the other numeric keys of a function that returns a mapping (NaN
+      where a sample did not report the key; not part of the total).
     failures: the contained failures, in batch order.
     failure_counts: name -> number of failed samples of that component.
   """
@@ -91,23 +96,47 @@ class Composite:
       self.abandoned_threads += 1
       raise
 
-  def _score_one(self, i, name, fn, prompt, completion):
-    """-> (value, failure or None)."""
-    pid = str(getattr(prompt, "id", i))
-    try:
-      out = self._call(fn, prompt, completion)
-      value = float(out["total"] if isinstance(out, Mapping) else out)
-      if math.isfinite(value):
-        return value, None
-      failure = RewardFailure(i, pid, name, "non_finite", f"returned {value}")
-    except cf.TimeoutError:
+  def _failure(self, i, pid, name, error):
+    """A RewardFailure for `error` (raised under on_failure="raise")."""
+    if isinstance(error, cf.TimeoutError):
       failure = RewardFailure(i, pid, name, "timeout", f"no result within {self.timeout} s")
-    except Exception as e:  # noqa: BLE001  (contained and reported)
-      failure = RewardFailure(i, pid, name, "exception", f"{type(e).__name__}: {e}"[:500])
+    elif isinstance(error, _NonFinite):
+      failure = RewardFailure(i, pid, name, "non_finite", str(error))
+    else:
+      failure = RewardFailure(i, pid, name, "exception", f"{type(error).__name__}: {error}"[:500])
     if self.on_failure == "raise":
       raise RewardError(f"reward {name!r} failed on prompt {pid!r} (sample {i}): "
                         f"{failure.kind}: {failure.message}")
-    return self.failure_score, failure
+    return failure
+
+  def _score_one(self, i, name, fn, prompt, completion):
+    """-> (value, extra components, failure or None)."""
+    pid = str(getattr(prompt, "id", i))
+    try:
+      value, extras = _value(self._call(fn, prompt, completion))
+      return value, extras, None
+    except Exception as e:  # noqa: BLE001  (contained and reported)
+      return self.failure_score, {}, self._failure(i, pid, name, e)
+
+  def _score_batch(self, name, fn, prompts, completions):
+    """A batched term: -> ([(value, extras)] per sample, failures)."""
+    try:
+      out = list(self._call(fn, list(prompts), list(completions)))
+      if len(out) != len(completions):
+        raise ValueError(f"batched reward returned {len(out)} values for {len(completions)} "
+                         "completions")
+    except Exception as e:  # noqa: BLE001  (contained and reported)
+      failures = [self._failure(i, str(getattr(p, "id", i)), name, e)
+                  for i, p in enumerate(prompts)]
+      return [(self.failure_score, {})] * len(prompts), failures
+    values, failures = [], []
+    for i, (p, o) in enumerate(zip(prompts, out)):
+      try:
+        values.append(_value(o))
+      except Exception as e:  # noqa: BLE001
+        values.append((self.failure_score, {}))
+        failures.append(self._failure(i, str(getattr(p, "id", i)), name, e))
+    return values, failures
 
   def __call__(self, prompts: Sequence[Any], completions: Sequence[str]) -> ComposedRewards:
     """Scores B (prompt, completion) pairs; `prompts[i]` belongs to `completions[i]`."""
@@ -116,16 +145,48 @@ class Composite:
     b = len(completions)
     comps = {name: np.zeros(b, np.float32) for name, _, _ in self.terms}
     failures = []
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-      for name, fn, _ in self.terms:
-        comps[name][i], failure = self._score_one(i, name, fn, p, c)
-        if failure is not None:
-          failures.append(failure)
+    for name, fn, _ in self.terms:
+      if getattr(fn, "batched", False):
+        scored, failed = self._score_batch(name, fn, prompts, completions)
+        failures += failed
+      else:
+        scored = []
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+          value, extras, failure = self._score_one(i, name, fn, p, c)
+          scored.append((value, extras))
+          if failure is not None:
+            failures.append(failure)
+      for i, (value, extras) in enumerate(scored):
+        comps[name][i] = value
+        for key, v in extras.items():   # NaN where a sample did not report this key
+          comps.setdefault(f"{name}/{key}", np.full(b, np.nan, np.float32))[i] = v
+    failures.sort(key=lambda f: f.index)
     total = np.zeros(b, np.float32)
     for name, _, w in self.terms:
       total += np.float32(w) * comps[name]
     counts = {name: sum(f.component == name for f in failures) for name, _, _ in self.terms}
     return ComposedRewards(total, comps, failures, counts)
+
+
+class _NonFinite(ValueError):
+  pass
+
+
+def _value(out) -> tuple[float, dict[str, float]]:
+  """(score, extra numeric components) of one reward output; raises on a non-finite score."""
+  extras = {}
+  if isinstance(out, Mapping):
+    key = "score" if "score" in out else "total"
+    if key not in out:
+      raise KeyError(f"a reward returning a mapping needs a 'score' (or 'total') key, got "
+                     f"{sorted(out)}")
+    extras = {str(k): float(v) for k, v in out.items()
+              if k != key and isinstance(v, int | float) and not isinstance(v, bool)}
+    out = out[key]
+  value = float(out)
+  if not math.isfinite(value):
+    raise _NonFinite(f"returned {value}")
+  return value, extras
 
 
 def compose(terms: Sequence[tuple[str, Callable, float]], *, on_failure: str = "score_failure",

@@ -32,15 +32,29 @@ class AdvantageSpec:
   kl_in_reward: bool
   kl_estimator: str
   gpg_f_norm: float = 1.0
+  # GDPO (algo.reward_aggregation="normalize_then_sum"): weights of batch["reward_components"]
+  # [B, K]; empty: the weighted sum batch["scores"] is the score (sum_then_normalize)
+  reward_weights: tuple = ()
 
 
-def advantage_spec(config) -> AdvantageSpec:
+def gdpo_terms(reward_fn):
+  """(names, weights) of the rewards GDPO normalises one by one: every weighted component
+  of the run's reward (`rljax.rewards.base.Composite`), plus "shaping" (weight 1: what the
+  length and repetition penalties add)."""
+  terms = [(name, w) for name, _, w in reward_fn.terms if w != 0]
+  return tuple(n for n, _ in terms) + ("shaping",), tuple(w for _, w in terms) + (1.0,)
+
+
+def advantage_spec(config, reward_fn=None) -> AdvantageSpec:
+  """The static advantage choices (`reward_fn` gives GDPO its reward weights)."""
   a = config.algo
+  gdpo_weights = (gdpo_terms(reward_fn)[1]
+                  if a.reward_aggregation == "normalize_then_sum" else ())
   return AdvantageSpec(mode=a.advantage, group_size=int(config.sampling.n), eps=float(a.adv_eps),
                        gamma=float(a.gamma), lam=float(a.lam), pass_k=int(a.pass_k),
                        whiten=bool(a.whiten_advantages),
                        kl_in_reward=a.kl_placement == "reward", kl_estimator=a.kl_estimator,
-                       gpg_f_norm=float(a.gpg_f_norm))
+                       gpg_f_norm=float(a.gpg_f_norm), reward_weights=tuple(gdpo_weights))
 
 
 def _group_estimate(spec: AdvantageSpec, scores_b, valid_b, greedy_scores_b, lengths_b):
@@ -94,12 +108,29 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
     else:
       advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
       returns = advantages
+  elif spec.mode == "optimal_token_baseline":
+    # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
+    rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
+    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
+    g = spec.group_size
+    to_bgt = lambda x: x.reshape(-1, g, x.shape[-1])  # noqa: E731
+    advantages = advantages_group.optimal_token_baseline_advantages(
+        to_bgt(returns), to_bgt(batch["sampled_logp"]), to_bgt(batch["sum_sq"]),
+        to_bgt(mask)).reshape(mask.shape)
   elif spec.mode == "reinforce_pp_baseline":
     seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
     g = spec.group_size
     adv = adv_ops.reinforce_pp_baseline_advantages(
         seq_scores.reshape(-1, g), mask.reshape(-1, g, mask.shape[1]))
     advantages = adv.reshape(mask.shape)
+    returns = advantages
+  elif spec.reward_weights:   # GDPO; validate() allows it with "grpo" and no KL in reward
+    g = spec.group_size
+    comps = batch["reward_components"]
+    adv_b = advantages_group.gdpo_advantages(
+        comps.reshape(-1, g, comps.shape[-1]), jnp.asarray(spec.reward_weights), eps=spec.eps,
+        mask_bg=batch["valid"].reshape(-1, g)).reshape(-1)
+    advantages = jnp.broadcast_to(adv_b[:, None], mask.shape) * mask
     returns = advantages
   else:
     seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)

@@ -99,6 +99,12 @@ def _task() -> ConfigDict:
       reward_timeout=10.0,     # seconds per reward call (0: no deadline)
       reward_model_path="",    # a saved reward model (rljax.rewards.save_reward_model) ...
       reward_model_weight=0.0,  # ... added to the verifier's score with this weight
+      # your own rewards: ["module:fn" | "path/file.py:fn", ...], fn(prompt, completion,
+      # answer) -> float | {"score": ...}; `fn.batched = True` takes lists (rljax.rewards.user)
+      reward_fns=[],
+      reward_weights=[],       # one per reward_fns entry ([]: 1.0 each)
+      reward_fns_mode="replace",  # replace the task's verifier in the score | add to it
+      python="",               # for name == "python": "module:factory" of your task object
   ))
 
 
@@ -255,6 +261,13 @@ def _algo_data() -> dict:
       soft_overlong=False,
       overlong_cache_len=8,
       length_penalty=0.0,
+      missing_eos_penalty=0.0,      # subtracted from the score of truncated samples (TRL)
+      repetition_penalty=0.0,       # max n-gram repetition penalty (0: off; Open-R1 / TRL)
+      repetition_ngram=3,           # n of that penalty (token n-grams)
+      # how the weighted rewards become advantages: sum_then_normalize (the weighted sum
+      # is the score of algo.advantage) | normalize_then_sum (GDPO: each reward normalised
+      # in its group, weighted sum, batch-normalised; needs algo.advantage='grpo')
+      reward_aggregation="sum_then_normalize",
       dynamic_sampling=False,
       dynamic_sampling_max_rounds=4,
       # PPO critic

@@ -16,7 +16,7 @@ from rljax.ops import kl as kl_ops
 from rljax.ops.stats import masked_mean
 from rljax.parallel import batch_sharding
 from rljax.train import objective, offload, rollout
-from rljax.train.advantages import compute_advantages
+from rljax.train.advantages import compute_advantages, gdpo_terms
 from rljax.train.sft import demonstration_batch
 from rljax.train.update import split_micro
 
@@ -54,13 +54,19 @@ class ForwardFns:
     def value_forward(params, batch):
       return objective.value_forward(nnx.merge(critic_gd, params), batch)
 
+    def sum_sq_forward(params, batch):
+      return objective.policy_sum_sq_forward(nnx.merge(actor_gd, params), batch,
+                                             temperature=temperature)
+
     policy_stats = jax.jit(in_micro_batches(policy_forward, setup.num_micro))
     values = jax.jit(in_micro_batches(value_forward, setup.num_micro))
-
+    # (log-probs, Σπ²) for the optimal token baseline; compiled only when that mode calls it
+    self.policy_sum_sq = jax.jit(in_micro_batches(sum_sq_forward, setup.num_micro))
     self.policy_stats, self.values = policy_stats, values
 
   def compile_count(self):
-    return self.policy_stats._cache_size() + self.values._cache_size()
+    return (self.policy_stats._cache_size() + self.values._cache_size()
+            + self.policy_sum_sq._cache_size())
 
 
 def iteration_keys(state, iteration):
@@ -81,10 +87,17 @@ def feed_back_success(setup, prompts, accuracy, n):
 
 
 def shape_scores(config, rows, moments):
-  """Soft overlong punishment, length penalty, reward normalisation and clipping."""
+  """Soft overlong punishment, length penalty, missing-EOS and n-gram repetition penalties,
+  reward normalisation and clipping."""
   a, s = config.algo, config.sampling
   scores = jnp.asarray(rows["scores"])
   lengths = jnp.asarray(rows["lengths"])
+  if a.missing_eos_penalty:
+    scores = scores + shaping.missing_eos_penalty(jnp.asarray(rows["truncated"]),
+                                                  penalty=a.missing_eos_penalty)
+  if a.repetition_penalty:
+    scores = scores + shaping.ngram_repetition_penalty(
+        rows["tokens"], rows["mask"], n=a.repetition_ngram, max_penalty=a.repetition_penalty)
   if a.soft_overlong:
     scores = scores + shaping.soft_overlong_penalty(lengths, max_len=s.max_new_tokens,
                                                     cache_len=a.overlong_cache_len)
@@ -138,8 +151,12 @@ def prepare(setup, fns, state, rows, keys, moments):
                      else jnp.zeros_like(old_logp))
   scores, moments = shape_scores(c, rows, moments)
   batch["scores"], batch["valid"] = scores, jnp.ones(scores.shape, jnp.float32)
+  if setup.adv_spec.reward_weights:   # GDPO: the weighted components, shaping as one more
+    batch["reward_components"] = reward_components(setup, rows, scores)
   if a.advantage == "remax":
     batch["greedy_scores"] = jnp.asarray(rows["greedy_scores"])
+  if a.advantage == "optimal_token_baseline":   # the sampling policy's Σπ² per token
+    batch["sampled_logp"], batch["sum_sq"] = fns.policy_sum_sq(state.actor, sequences)
   adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
   weights = token_weights(a, adv, entropy, mask)
   loss_mask = batch["mask"]
@@ -154,6 +171,8 @@ def prepare(setup, fns, state, rows, keys, moments):
              is_weights=correction_weights(c, old_logp, sampler_logp, mask),
              rng=jax.random.key_data(jax.random.split(keys["update"], b)),
              sampler_logp=sampler_logp, completion_mask=batch["mask"])
+  if "reward_components" in batch:
+    upd["reward_components"] = batch["reward_components"]
   metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
   if a.old_logp_source != "update":
     metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
@@ -164,6 +183,15 @@ def prepare(setup, fns, state, rows, keys, moments):
     var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
     metrics["critic/explained_variance"] = float(1.0 - resid / jnp.maximum(var, 1e-8))
   return upd, metrics, moments
+
+
+def reward_components(setup, rows, shaped_scores):
+  """[B, K] unweighted reward components in `gdpo_terms` order; the last one is what
+  shaping added to the weighted sum."""
+  names, _ = gdpo_terms(setup.ctx.reward_fn)
+  cols = [np.asarray(rows[f"{rollout.REWARD_PREFIX}{n}"], np.float32) for n in names[:-1]]
+  shaping_delta = np.asarray(shaped_scores, np.float32) - np.asarray(rows["scores"], np.float32)
+  return jnp.asarray(np.stack(cols + [shaping_delta], axis=1))
 
 
 def pf_ppo_filter(algo, upd, key):
@@ -195,6 +223,9 @@ def rollout_metrics(rows, scores, adv, mask, loss_mask, kl_coef):
       "train/accuracy": float(np.mean(rows["accuracy"])),
       "train/format": float(np.mean(rows["format"])),
       "train/reward_failures": int(np.sum(rows["reward_failed"])),
+      **{k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+         for k, v in ((k, np.asarray(v, np.float64)) for k, v in rows.items()
+                      if k.startswith(rollout.REWARD_PREFIX))},
       "train/response_length_mean": float(np.mean(rows["lengths"])),
       "train/response_length_max": float(np.max(rows["lengths"])),
       "train/truncated_frac": float(np.mean(rows["truncated"])),
@@ -318,7 +349,9 @@ def save_analysis_batch(fns, state, upd, path):
   logp, _ = fns.policy_stats(state.actor, {k: upd[k] for k in SEQUENCE_KEYS})
   arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
             "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
-            "truncated": upd["truncated"]}
+            "truncated": upd["truncated"], "tokens": upd["tokens"]}
+  if "reward_components" in upd:   # GDPO: the unweighted rewards it normalised, [B, K]
+    arrays["reward_components"] = upd["reward_components"]
   arrays = parallel.gather(arrays)   # a collective: every process calls this
   if parallel.is_primary():
     np.savez(path, **arrays)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from rljax.analysis.token_stats import clip_by_probability_bt
-from rljax.models.logprobs import token_logprobs_and_entropy
+from rljax.models.logprobs import token_logprobs_and_entropy, token_logprobs_and_sum_sq
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
 from rljax.ops import policy_loss as pl
@@ -108,6 +108,14 @@ def policy_forward(model, batch, *, temperature):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T])."""
   tokens, positions, attention = full_sequence(batch)
   return token_logprobs_and_entropy(
+      model, tokens, positions, attention,
+      prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
+
+
+def policy_sum_sq_forward(model, batch, *, temperature):
+  """Per-token log-probs and Σ_v π_v² of the completion tokens: ([B,T], [B,T])."""
+  tokens, positions, attention = full_sequence(batch)
+  return token_logprobs_and_sum_sq(
       model, tokens, positions, attention,
       prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
 

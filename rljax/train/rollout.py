@@ -23,6 +23,8 @@ from rljax.data.buffer import DynamicSamplingBuffer, DynamicSamplingError
 from rljax.parallel import BATCH_AXES, batch_sharding
 from rljax.sampling import SamplingParams, buckets, generate_rows
 
+REWARD_PREFIX = "reward/"   # row keys of the unweighted reward components
+
 
 def prompt_ids(tokenizer, text, *, chat_template=False):
   """Token ids of one prompt: `[bos] + text` (no bos when the tokenizer has none, e.g.
@@ -115,6 +117,8 @@ def score(ctx: RolloutContext, prompts, rows, n):
   per_row = dict(scores=rewards.total, accuracy=rewards.components["accuracy"],
                  format=rewards.components["format"], reward_failed=failed,
                  lengths=mask.sum(axis=1).astype(np.int32))
+  # every component, unweighted ("reward/<name>"): logged, and GDPO normalises each one
+  per_row.update({f"{REWARD_PREFIX}{name}": v for name, v in rewards.components.items()})
   pad = len(local) - len(real)   # padding rows come last in `local`
   per_row = {k: parallel.from_local_rows(np.pad(np.asarray(v), (0, pad)), local, sharding, r)
              for k, v in per_row.items()}

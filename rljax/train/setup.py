@@ -13,6 +13,7 @@ from rljax import parallel
 from rljax.data import sources
 from rljax.data.batching import bucket_length
 from rljax.data.jsonl_task import JsonlTask
+from rljax.data.python_task import load_python_task
 from rljax.data.records_task import RecordsTask
 from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
@@ -21,6 +22,7 @@ from rljax.models import Decoder, ModelConfig, load_hf
 from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
+from rljax.rewards.user import user_reward_terms
 from rljax.sampling import SamplingParams
 from rljax.train import advantages, objective, offload, update
 from rljax.train.rollout import RolloutContext, prompt_ids
@@ -51,6 +53,8 @@ class Setup:
 
 def build_task(config):
   t = config.task
+  if t.name == "python":
+    return load_python_task(t.python, n_heldout=t.heldout_size)
   if t.name in ("jsonl", "hf_dataset", "tfds"):
     fields = dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
                   solution_field=t.solution_field)
@@ -74,16 +78,32 @@ def build_task(config):
 
 
 def task_rewards(task, config, tokenizer, max_tokens):
-  """Accuracy + weighted format reward of the task (+ a reward model), failures contained."""
+  """The run's reward: the task's verifier (accuracy + weighted format; a user task's own
+  score), a reward model, and `task.reward_fns`, composed with failure containment.
+
+  `accuracy` and `format` are always components (the metrics, the held-out evaluation and
+  dynamic sampling read them); with `task.reward_fns` in "replace" mode they get weight 0.
+  """
   t = config.task
-  # One verifier call per sample feeds both terms (math verification can be expensive).
+  # One verifier call per sample feeds every term (math verification can be expensive).
   score = functools.lru_cache(maxsize=4096)(task.score)
-  terms = [("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0),
-           ("format", lambda p, c: score(p, c)["format"], t.format_weight)]
+  verifier = not t.reward_fns or t.reward_fns_mode == "add"
+  terms = []
+  if t.name == "python":
+    terms.append(("task", lambda p, c: score(p, c)["total"], 1.0 if verifier else 0.0))
+    terms += [("accuracy", lambda p, c: score(p, c)["accuracy"], 0.0),
+              ("format", lambda p, c: score(p, c)["format"], 0.0)]
+  else:
+    terms += [("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0 if verifier else 0.0),
+              ("format", lambda p, c: score(p, c)["format"],
+               t.format_weight if verifier else 0.0)]
   if t.reward_model_path:
     scorer = RewardModelScorer.from_checkpoint(t.reward_model_path, tokenizer)
     scorer.warmup(max_tokens)   # compile before the per-call deadline applies
     terms.append(("reward_model", scorer, t.reward_model_weight))
+  taken = {name for name, _, _ in terms}
+  for name, fn, weight in user_reward_terms(list(t.reward_fns), list(t.reward_weights)):
+    terms.append((f"user_{name}" if name in taken else name, fn, weight))
   return compose(terms, on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
 
 
@@ -171,7 +191,7 @@ def build(config) -> Setup:
   return Setup(prompt_sampler=prompt_sampler,
                prompt_index={p.id: i for i, p in enumerate(prompts)}, config=config, tokenizer=tokenizer, task=task, model_cfg=model_cfg,
                actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef, mesh=mesh, ctx=ctx,
-               loss_spec=spec, adv_spec=advantages.advantage_spec(config), actor_tx=actor_tx,
+               loss_spec=spec, adv_spec=advantages.advantage_spec(config, reward_fn), actor_tx=actor_tx,
                critic_tx=critic_tx, num_micro=config.algo.microbatches, update_step=None,
                initial_actor=actor_state,
                initial_critic=critic_state)

@@ -16,7 +16,7 @@ from rljax.parallel.mesh import select_devices
 
 ADVANTAGE_MODES = (
     "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-    "remax", "gae", "pass_at_k", "opo", "gpg", "grpo_passk",
+    "remax", "gae", "pass_at_k", "opo", "gpg", "grpo_passk", "optimal_token_baseline",
 )
 POLICY_LOSS_KINDS = ("ppo", "cispo", "reinforce", "clip_cov", "kl_cov", "sapo", "geo_mean",
                      "gpg", "dppo_tv", "dppo_kl", "dro", "luspo", "vespo")
@@ -38,7 +38,8 @@ DTYPES = ("float32", "bfloat16")
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
 
 
-TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds")
+TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds", "python")
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 class ConfigError(ValueError):
@@ -76,6 +77,8 @@ def _check_choices(errors, c):
       ("task.reward_on_failure", ("score_failure", "raise")),
       ("task.long_prompts", ("reject", "truncate")),
       ("task.name", TASK_NAMES), ("algo.pf_ppo", PF_PPO_METHODS),
+      ("task.reward_fns_mode", ("replace", "add")),
+      ("algo.reward_aggregation", REWARD_AGGREGATIONS),
       ("algo.ref_refresh", REF_REFRESH_MODES),
   ):
     _choice(errors, c, dotted, allowed)
@@ -124,7 +127,7 @@ def _check_ranges(errors, c):
 def _check_combinations(errors, c):
   a, s = c.algo, c.sampling
   group_based = ("grpo", "rloo", "reinforce_pp_baseline", "pass_at_k", "dr_grpo", "opo",
-                 "gpg", "grpo_passk")
+                 "gpg", "grpo_passk", "optimal_token_baseline")
   if s.n < 2 and a.advantage in group_based:
     errors.append(f"sampling.n={s.n}: algo.advantage={a.advantage!r} compares samples within a "
                   "group and needs sampling.n >= 2")
@@ -175,6 +178,7 @@ def _check_combinations(errors, c):
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
   _check_rsft(errors, a)
   _check_2026(errors, a)
+  _check_user_rewards(errors, c)
   if a.old_logp_source == "update":
     _check_old_logp_from_update(errors, a)
 
@@ -207,6 +211,38 @@ def _check_2026(errors, a):
   if a.pf_ppo != "none" and a.old_logp_source == "update":
     errors.append("algo.pf_ppo resamples the batch before the update; it needs "
                   "algo.old_logp_source != 'update'")
+
+
+def _check_user_rewards(errors, c):
+  """task.reward_fns / reward_weights / python, reward aggregation and the shaping penalties."""
+  t, a = c.task, c.algo
+  fns, weights = list(t.reward_fns), list(t.reward_weights)
+  if any(not isinstance(f, str) or ":" not in f for f in fns):
+    errors.append(f"task.reward_fns={fns!r}: each entry is 'module.path:fn' or 'file.py:fn'")
+  if weights and len(weights) != len(fns):
+    errors.append(f"task.reward_weights has {len(weights)} entries for {len(fns)} "
+                  "task.reward_fns (or leave it empty for 1.0 each)")
+  if any(not isinstance(w, int | float) for w in weights):
+    errors.append(f"task.reward_weights={weights!r} must be numbers")
+  if (t.name == "python") != bool(t.python):
+    errors.append(f"task.python={t.python!r} is the task factory of task.name='python' "
+                  f"(got task.name={t.name!r}): set both or neither")
+  if a.reward_aggregation == "normalize_then_sum":
+    if a.advantage != "grpo":
+      errors.append("algo.reward_aggregation='normalize_then_sum' (GDPO) replaces GRPO's group "
+                    f"normalisation: it needs algo.advantage='grpo' (got {a.advantage!r})")
+    if a.reward_norm or a.reward_clip:
+      errors.append("algo.reward_aggregation='normalize_then_sum' normalises each reward "
+                    "itself: set algo.reward_norm=False and algo.reward_clip=0")
+    if a.kl_placement == "reward":
+      errors.append("algo.reward_aggregation='normalize_then_sum' has no place for a KL "
+                    "penalty in the reward: use algo.kl_placement='loss' or 'none'")
+  _check(errors, a.missing_eos_penalty >= 0,
+         f"algo.missing_eos_penalty={a.missing_eos_penalty} must be >= 0")
+  _check(errors, a.repetition_penalty >= 0,
+         f"algo.repetition_penalty={a.repetition_penalty} must be >= 0 (0: off)")
+  _check(errors, isinstance(a.repetition_ngram, int) and a.repetition_ngram >= 1,
+         f"algo.repetition_ngram={a.repetition_ngram!r} must be an int >= 1")
 
 
 def _check_old_logp_from_update(errors, a):
