@@ -17,8 +17,19 @@ from rljax.models.logprobs import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from rljax.models.lora import (
+    LoRAAdapter,
+    adapters_off,
+    add_lora,
+    has_lora,
+    load_peft_adapter,
+    merge_lora,
+    save_peft_adapter,
+)
 
 __all__ = [
+    "LoRAAdapter", "add_lora", "adapters_off", "has_lora", "load_peft_adapter", "merge_lora",
+    "save_peft_adapter",
     "Decoder", "KVCache", "ModelConfig", "RewardModel", "RopeScaling", "ScalarHead",
     "ValueModel", "config_from_hf", "config_to_hf", "last_token_index", "load_hf",
     "load_hf_reward", "logprobs_and_entropy_from_hidden", "logprobs_from_hidden",

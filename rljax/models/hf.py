@@ -320,8 +320,13 @@ def save_hf(model: Decoder, model_config: ModelConfig, path: str) -> None:
   """Writes config.json + model.safetensors loadable by `transformers.from_pretrained`.
 
   Note: biases the HF architecture always has (Qwen2 q/k/v; Llama/Qwen3 q/k/v/o when
-  attention_bias) but the rljax model lacks are written as zeros, which is exact.
+  attention_bias) but the rljax model lacks are written as zeros, which is exact. A model
+  with LoRA adapters is written merged.
   """
+  from rljax.models import lora
+
+  if lora.has_lora(model):   # LoRA: the merged weights W + (α/r)·A·B
+    model = lora.merge_lora(model)
   export_cfg = _export_config(model_config)
   shapes = nnx.eval_shape(lambda: Decoder(export_cfg, rngs=nnx.Rngs(0)))
   _write(model, tensor_specs(export_cfg), shapes, model_config, config_to_hf(model_config),

@@ -131,10 +131,14 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(dh, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
 
   def fused_qkv(self):
-    """The q|k|v projections as one [D, (H+2K)·Dh] matrix (and bias, or None), for decoding."""
+    """The q|k|v projections as one [D, (H+2K)·Dh] matrix (and bias, or None), for decoding.
+
+    LoRA adapters (`rljax.models.lora`) are merged in, W + (α/r)·A·B: exact, and done once
+    per call, i.e. once per rollout, so decoding runs at the speed of the base model.
+    """
     dt, d = self.cfg.compute_dtype, self.cfg.hidden_size
-    flat = lambda p: p[...].reshape(d, -1).astype(dt)  # noqa: E731
-    w = jnp.concatenate([flat(self.q), flat(self.k), flat(self.v)], axis=1)
+    flat = lambda name: merged_weight(self, name).reshape(d, -1).astype(dt)  # noqa: E731
+    w = jnp.concatenate([flat("q"), flat("k"), flat("v")], axis=1)
     if not self.cfg.attention_bias:
       return w, None
     b = jnp.concatenate([self.q_bias[...].reshape(-1), self.k_bias[...].reshape(-1),
@@ -150,9 +154,9 @@ class Attention(nnx.Module):
     """
     dt = self.cfg.compute_dtype
     if fused is None:
-      q = _project_heads(x_bsd, self.q[...].astype(dt))
-      k = _project_heads(x_bsd, self.k[...].astype(dt))
-      v = _project_heads(x_bsd, self.v[...].astype(dt))
+      q = with_lora(self, "q", x_bsd, _project_heads(x_bsd, self.q[...].astype(dt)))
+      k = with_lora(self, "k", x_bsd, _project_heads(x_bsd, self.k[...].astype(dt)))
+      v = with_lora(self, "v", x_bsd, _project_heads(x_bsd, self.v[...].astype(dt)))
       if self.cfg.attention_bias:
         q = q + self.q_bias[...].astype(dt)
         k = k + self.k_bias[...].astype(dt)
@@ -195,10 +199,46 @@ class Attention(nnx.Module):
       out = jnp.einsum("bkgst,bktd->bskgd", probs, v_bkte).reshape(b, s, h, dh)
     dt = self.cfg.compute_dtype
     o_hed = self.o[...].astype(dt)
-    y = dense(out.reshape(b, s, h * dh), o_hed.reshape(h * dh, o_hed.shape[-1]))  # [B,S,D]
+    out_bsf = out.reshape(b, s, h * dh)
+    y = with_lora(self, "o", out_bsf, dense(out_bsf, o_hed.reshape(h * dh, o_hed.shape[-1])))
     if self.cfg.attention_out_bias:
       y = y + self.o_bias[...].astype(dt)
     return y
+
+
+def with_lora(module, name, x_bsf, y):
+  """y + (α/r)·(x A) B when `module` carries a LoRA adapter for projection `name`, else y.
+
+  The unmerged form of Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language
+  Models", arXiv:2106.09685, Eq. 3 (h = W₀x + BAx, scaled by α/r): two thin matmuls, so
+  the gradient reaches A and B without materialising W + BA. The adapters are stored in
+  float32 and used in the compute dtype of `x`.
+
+  Args:
+    x_bsf: the projection's input, flattened over its input axes [..., F_in].
+    y: the base projection's output, [..., *out_shape].
+  """
+  adapter = getattr(module, f"{name}_lora", None)
+  if adapter is None:
+    return y
+  a = adapter.a[...].astype(x_bsf.dtype)
+  b = adapter.b[...].astype(x_bsf.dtype)
+  r = a.shape[-1]
+  delta = dense(dense(x_bsf, a.reshape(-1, r)), b.reshape(r, -1))
+  return y + (adapter.scale * delta).astype(y.dtype).reshape(y.shape)
+
+
+def merged_weight(module, name):
+  """The projection's weight with its LoRA update merged in, W + (α/r)·A·B, in float32
+  (the weight itself, unchanged, when the module has no adapter for it)."""
+  w = getattr(module, name)[...]
+  adapter = getattr(module, f"{name}_lora", None)
+  if adapter is None:
+    return w
+  a, b = adapter.a[...].astype(jnp.float32), adapter.b[...].astype(jnp.float32)
+  r = a.shape[-1]
+  delta = (a.reshape(-1, r) @ b.reshape(r, -1)).reshape(w.shape)
+  return w.astype(jnp.float32) + adapter.scale * delta
 
 
 def dense(x_bsf, w_fd):
@@ -257,17 +297,19 @@ class MLP(nnx.Module):
     self.down = param(rngs, (f, d), ("mlp", "embed"), pd)
 
   def fused_gate_up(self):
-    """gate|up as one [D, 2F] matrix, for decoding (see `Attention.qkv`)."""
-    return jnp.concatenate([self.gate[...], self.up[...]], axis=1).astype(self.dtype)
+    """gate|up as one [D, 2F] matrix, for decoding (see `Attention.qkv`); LoRA merged in."""
+    return jnp.concatenate([merged_weight(self, "gate"), merged_weight(self, "up")],
+                           axis=1).astype(self.dtype)
 
   def __call__(self, x_bsd, gate_up=None):
     dt = self.dtype
     if gate_up is None:
-      g = dense(x_bsd, self.gate[...].astype(dt))  # [B,S,F]
-      u = dense(x_bsd, self.up[...].astype(dt))  # [B,S,F]
+      g = with_lora(self, "gate", x_bsd, dense(x_bsd, self.gate[...].astype(dt)))  # [B,S,F]
+      u = with_lora(self, "up", x_bsd, dense(x_bsd, self.up[...].astype(dt)))  # [B,S,F]
     else:
       g, u = jnp.split(dense(x_bsd, gate_up), 2, axis=-1)
-    return dense(jax.nn.silu(g) * u, self.down[...].astype(dt))  # [B,S,D]
+    hidden = jax.nn.silu(g) * u
+    return with_lora(self, "down", hidden, dense(hidden, self.down[...].astype(dt)))  # [B,S,D]
 
 
 class DecoderLayer(nnx.Module):

@@ -25,6 +25,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv", None),
     ("norm", None),
     ("layers", None),
+    ("lora", None),          # the rank axis of LoRA adapters: small, replicated
 )
 
 

@@ -1,0 +1,185 @@
+"""LoRA adapters: every entry point sees them, merged == unmerged, the reference with the
+adapters off is the base, and PEFT / transformers load what rljax exports."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+from rljax.models import (
+    Decoder,
+    adapters_off,
+    add_lora,
+    load_hf,
+    load_peft_adapter,
+    save_hf,
+    save_peft_adapter,
+)
+from rljax.models.lora import adapters, merge_lora
+from rljax.models.testing import perturb_params, tiny_config
+
+
+def _batch(b=3, s=9, vocab=97, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = np.array([s, 5, 2])[:b]
+  mask = (np.arange(s)[None] >= s - lengths[:, None]).astype(np.int32)
+  tokens = (rng.integers(1, vocab, (b, s)) * mask).astype(np.int32)
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def _lora_model(seed=0, rank=4, targets=("q", "k", "v", "o", "gate", "up", "down"), **cfg):
+  model = perturb_params(Decoder(tiny_config(**cfg), rngs=nnx.Rngs(seed)), seed=seed)
+  base = nnx.clone(model)
+  add_lora(model, rank=rank, alpha=8.0, targets=targets, rngs=nnx.Rngs(seed + 1))
+  return base, model
+
+
+def _randomise_b(model, seed=0, scale=0.3):
+  rng = np.random.default_rng(seed)
+  for adapter in adapters(model).values():
+    adapter.b[...] = jnp.asarray(scale * rng.standard_normal(adapter.b[...].shape), jnp.float32)
+
+
+def test_adapter_count_dtype_and_axes():
+  _, model = _lora_model()
+  found = adapters(model)
+  assert len(found) == 7 * 2                       # every target of both layers
+  lora = nnx.state(model, nnx.LoRAParam)
+  assert len(jax.tree.leaves(lora)) == 2 * 14
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(lora))
+  q = found[(0, "q")]
+  assert q.a[...].shape == (64, 4) and q.b[...].shape == (4, 4, 16)
+  assert q.a.get_metadata()["out_sharding"] == ("embed", "lora")
+  assert q.b.get_metadata()["out_sharding"] == ("lora", "heads", "kv")
+  o = found[(1, "o")]
+  assert o.a[...].shape == (4, 16, 4) and o.b[...].shape == (4, 64)
+  with pytest.raises(ValueError, match="one of"):
+    add_lora(Decoder(tiny_config(), rngs=nnx.Rngs(0)), rank=2, alpha=1, targets=("qkv",),
+             rngs=nnx.Rngs(0))
+
+
+def test_zero_b_gives_the_base_model_at_every_entry_point():
+  base, model = _lora_model()
+  tokens, mask = _batch()
+  np.testing.assert_array_equal(model(tokens, attention_mask=mask), base(tokens, attention_mask=mask))
+  cache = model.init_cache(3, 12)
+  kw = dict(positions=jnp.maximum(jnp.cumsum(mask, 1) - 1, 0), cache=cache, start=0,
+            kv_mask=jnp.pad(mask, ((0, 0), (0, 3))))
+  for fused in (None, "fused"):
+    got, _ = model.forward_cached(tokens, **kw, fused=model.fused_weights() if fused else None)
+    want, _ = base.forward_cached(tokens, **kw, fused=base.fused_weights() if fused else None)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_merged_decode_weights_equal_the_unmerged_forward():
+  """The sampler's fused weights merge A·B once; the training forward keeps them apart."""
+  _, model = _lora_model(seed=3)
+  _randomise_b(model)
+  tokens, mask = _batch(seed=1)
+  full = model(tokens, attention_mask=mask)
+  kw = dict(positions=jnp.maximum(jnp.cumsum(mask, 1) - 1, 0), cache=model.init_cache(3, 9),
+            start=0, kv_mask=mask)
+  fused, _ = model.forward_cached(tokens, **kw, fused=model.fused_weights())
+  unfused, _ = model.forward_cached(tokens, **kw)
+  real = np.asarray(mask) > 0
+  np.testing.assert_allclose(np.asarray(fused)[real], np.asarray(full)[real], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(unfused)[real], np.asarray(full)[real], atol=1e-4)
+  assert float(jnp.max(jnp.abs(full - _lora_model(seed=3)[0](tokens, attention_mask=mask)))) > 1e-2
+  # and a plain decoder with W + (α/r)AB gives the same logits
+  np.testing.assert_allclose(merge_lora(model)(tokens, attention_mask=mask), full, atol=1e-4)
+
+
+def test_greedy_samples_are_the_same_tokens_merged_or_not():
+  from rljax.sampling import SamplingParams, generate
+
+  _, model = _lora_model(seed=5)
+  _randomise_b(model, seed=2)
+  tokens, mask = _batch(seed=2)
+  params = SamplingParams(max_new_tokens=6, greedy=True)
+  out = generate(model, tokens, mask, sampling=params, rng=jax.random.key(0))
+  out_merged = generate(merge_lora(model), tokens, mask, sampling=params, rng=jax.random.key(0))
+  np.testing.assert_array_equal(out.tokens, out_merged.tokens)
+  np.testing.assert_allclose(out.logp, out_merged.logp, atol=1e-4)
+
+
+def test_adapters_off_is_the_base_model():
+  base, model = _lora_model(seed=7)
+  _randomise_b(model)
+  graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+  reference = nnx.merge(graphdef, adapters_off(lora), rest)
+  tokens, mask = _batch()
+  np.testing.assert_array_equal(reference(tokens, attention_mask=mask),
+                                base(tokens, attention_mask=mask))
+
+
+def test_bf16_base_keeps_fp32_adapters():
+  _, model = _lora_model(dtype="bfloat16", param_dtype="bfloat16")
+  assert model.layers[0].attn.q[...].dtype == jnp.bfloat16
+  assert model.layers[0].attn.q_lora.a[...].dtype == jnp.float32
+  tokens, mask = _batch()
+  graphdef, state = nnx.split(model)     # (XLA CPU runs bf16 dots with f32 output under jit)
+  logits = jax.jit(lambda s, t, m: nnx.merge(graphdef, s)(t, attention_mask=m))(state, tokens, mask)
+  assert np.isfinite(np.asarray(logits)).all()
+
+
+def _hf_base(tmp_path):
+  config = transformers.Qwen2Config(
+      vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+      tie_word_embeddings=False)
+  torch.manual_seed(0)
+  hf = transformers.Qwen2ForCausalLM(config).eval()
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  hf.save_pretrained(tmp_path / "base", safe_serialization=True)
+  return tmp_path / "base"
+
+
+def _torch_logits(hf, tokens, mask):
+  positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  with torch.no_grad():
+    return hf(input_ids=torch.tensor(np.asarray(tokens), dtype=torch.long),
+              attention_mask=torch.tensor(np.asarray(mask), dtype=torch.long),
+              position_ids=torch.tensor(positions, dtype=torch.long)).logits.numpy()
+
+
+@pytest.mark.parametrize("targets", [("q", "k", "v", "o", "gate", "up", "down"), ("q", "v")])
+def test_peft_loads_the_adapter_with_equal_logits(tmp_path, targets):
+  import peft
+
+  base_dir = _hf_base(tmp_path)
+  model, cfg = load_hf(str(base_dir))
+  add_lora(model, rank=3, alpha=6.0, targets=targets, rngs=nnx.Rngs(1))
+  _randomise_b(model, seed=4)
+  save_peft_adapter(model, cfg, str(tmp_path / "adapter"))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+  peft_model = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+  tokens, mask = _batch()
+  real = np.asarray(mask) > 0
+  want = _torch_logits(peft_model, tokens, mask)
+  got = np.asarray(model(tokens, attention_mask=mask))
+  np.testing.assert_allclose(got[real], want[real], atol=1e-4)
+  # the adapter matters: the logits moved away from the base's
+  fresh_base = transformers.AutoModelForCausalLM.from_pretrained(base_dir).eval()
+  assert np.max(np.abs(want - _torch_logits(fresh_base, tokens, mask))) > 1e-2
+  # and reads back into a fresh base
+  again, _ = load_hf(str(base_dir))
+  load_peft_adapter(again, str(tmp_path / "adapter"))
+  np.testing.assert_allclose(np.asarray(again(tokens, attention_mask=mask)), got, atol=1e-6)
+
+
+def test_merged_hf_export_loads_in_transformers(tmp_path):
+  base_dir = _hf_base(tmp_path)
+  model, cfg = load_hf(str(base_dir))
+  add_lora(model, rank=2, alpha=4.0, rngs=nnx.Rngs(2))
+  _randomise_b(model, seed=5)
+  save_hf(model, cfg, str(tmp_path / "merged"))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+  tokens, mask = _batch()
+  real = np.asarray(mask) > 0
+  np.testing.assert_allclose(_torch_logits(hf, tokens, mask)[real],
+                             np.asarray(model(tokens, attention_mask=mask))[real], atol=1e-4)
