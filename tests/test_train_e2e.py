@@ -15,7 +15,7 @@ EXPERIMENT_SPECS = [
     "reinforce_pp", "reinforce_pp:baseline", "ppo", "ppo:ptx", "psr_nsr", "entropy:bonus",
     "entropy:high_entropy_mask", "entropy:clip_cov", "entropy:kl_cov", "dapo:token_level_loss",
     "grpo:all_scratchpad", "rl_vs_sft:continued_sft", "rl_vs_sft:rejection_sft",
-    "sapo", "gmpo", "lite_ppo", "gpg", "dppo", "dppo:kl", "user_task",
+    "sapo", "gmpo", "lite_ppo", "gpg", "dppo", "dppo:kl", "user_task", "lora:r8",
 ]
 
 

@@ -204,6 +204,7 @@ def evaluate_run(run_dir):
   from rljax.train.config import ConfigDict
   from rljax.train.evaluate import evaluate
   from rljax.train.setup import build, init_state
+  from rljax.train.update import policy_params
 
   run_dir = pathlib.Path(run_dir)
   config = ConfigDict(json.loads((run_dir / "config.json").read_text()))
@@ -211,10 +212,12 @@ def evaluate_run(run_dir):
   ckpt = checkpoint.Checkpointer(run_dir, keep=config.run.keep_checkpoints)
   template = init_state(setup, setup.initial_actor,
                         with_reference=config.algo.kl_placement != "none")
-  restored = ckpt.restore_latest(template)
+  restored = ckpt.restore_latest(template._replace(base=None))
   if restored is None:
     raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints")
   _, state, _ = restored
-  model = nnx.merge(setup.actor_graphdef, state.actor)
+  if template.base is not None:   # LoRA: the base was written once, beside the checkpoints
+    state = state._replace(base=ckpt.restore_frozen(template.base))
+  model = nnx.merge(setup.actor_graphdef, policy_params(state))
   return evaluate(setup.ctx, model, setup.task.heldout_prompts(), jax.random.key(0),
                   n=config.sampling.eval_n, temperature=config.sampling.eval_temperature)

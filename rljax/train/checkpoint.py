@@ -68,6 +68,26 @@ class Checkpointer:
             "falling back to the previous one")
     return None
 
+  @property
+  def frozen_directory(self) -> pathlib.Path:
+    return self.directory.parent / "lora_base"
+
+  def save_frozen(self, tree):
+    """Writes parameters that never change during the run (a LoRA run's base) once, beside
+    the step checkpoints, which then hold only what trains."""
+    if self.frozen_directory.exists():
+      return
+    with ocp.StandardCheckpointer() as ckpt:
+      ckpt.save(self.frozen_directory, tree)
+
+  def restore_frozen(self, abstract_tree):
+    """The tree `save_frozen` wrote, or None when there is none."""
+    if not self.frozen_directory.exists():
+      return None
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_tree)
+    with ocp.StandardCheckpointer() as ckpt:
+      return ckpt.restore(self.frozen_directory, target)
+
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()

@@ -59,6 +59,11 @@ def _model() -> ConfigDict:
       dtype="float32",
       param_dtype="float32",
       remat=False,
+      # LoRA (rljax.models.lora): 0 = full fine-tuning; r > 0 trains fp32 adapters on
+      # lora_targets only (the base stays frozen, the reference is the base: no second copy)
+      lora_rank=0,
+      lora_alpha=32.0,
+      lora_targets=["q", "k", "v", "o", "gate", "up", "down"],
   ))
 
 

@@ -18,7 +18,7 @@ from rljax.parallel import batch_sharding
 from rljax.train import objective, offload, rollout
 from rljax.train.advantages import compute_advantages, gdpo_terms
 from rljax.train.sft import demonstration_batch
-from rljax.train.update import split_micro
+from rljax.train.update import has_reference, policy_params, split_micro
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
 UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
@@ -139,12 +139,14 @@ def prepare(setup, fns, state, rows, keys, moments):
   if a.old_logp_source == "update":   # filled in by the update step (`fill_from_update`)
     old_logp = entropy = jnp.zeros_like(sampler_logp)
   else:
-    old_logp, entropy = fns.policy_stats(state.actor, sequences)
+    old_logp, entropy = fns.policy_stats(policy_params(state), sequences)
   if a.old_logp_source == "sampler":
     old_logp = sampler_logp
   batch["old_logp"] = old_logp
   if state.ref is not None:   # (host-offloaded parameters visit the devices just for this)
     batch["ref_logp"] = fns.policy_stats(offload.fetch(state.ref, state.actor), sequences)[0]
+  elif has_reference(state, a.kl_placement):   # LoRA: the base, adapters off
+    batch["ref_logp"] = fns.policy_stats(policy_params(state, adapters=False), sequences)[0]
   else:
     batch["ref_logp"] = old_logp
   batch["values"] = (fns.values(state.critic, sequences) if state.critic is not None
@@ -156,7 +158,7 @@ def prepare(setup, fns, state, rows, keys, moments):
   if a.advantage == "remax":
     batch["greedy_scores"] = jnp.asarray(rows["greedy_scores"])
   if a.advantage == "optimal_token_baseline":   # the sampling policy's Σπ² per token
-    batch["sampled_logp"], batch["sum_sq"] = fns.policy_sum_sq(state.actor, sequences)
+    batch["sampled_logp"], batch["sum_sq"] = fns.policy_sum_sq(policy_params(state), sequences)
   adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
   weights = token_weights(a, adv, entropy, mask)
   loss_mask = batch["mask"]
@@ -175,7 +177,7 @@ def prepare(setup, fns, state, rows, keys, moments):
     upd["reward_components"] = batch["reward_components"]
   metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
   if a.old_logp_source != "update":
-    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
+    metrics.update(old_policy_metrics(upd, with_ref=has_reference(state, a.kl_placement)))
   if a.pf_ppo != "none":
     upd, metrics["train/pf_ppo_unique_frac"] = pf_ppo_filter(a, upd, keys["update"])
   if state.critic is not None:
@@ -327,8 +329,8 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
   state, update_metrics = run_updates(setup, state, upd, keys, train_actor=train_actor,
                                       iteration=iteration)
   if c.algo.old_logp_source == "update":
-    metrics.update(old_policy_metrics(upd, with_ref=state.ref is not None))
-  if c.algo.kl_controller == "adaptive" and state.ref is not None:
+    metrics.update(old_policy_metrics(upd, with_ref=has_reference(state, c.algo.kl_placement)))
+  if c.algo.kl_controller == "adaptive" and has_reference(state, c.algo.kl_placement):
     ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=c.algo.kl_target,
                                       horizon=c.algo.kl_horizon)
     new_coef = ctl.update(metrics.get("kl/to_ref", 0.0), upd["mask"].shape[0]).value
@@ -346,7 +348,7 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
 def save_analysis_batch(fns, state, upd, path):
   """The last rollout batch with the updated policy's log-probs, for `rljax.analysis`
   (the notebook's trick-impact view on a real batch)."""
-  logp, _ = fns.policy_stats(state.actor, {k: upd[k] for k in SEQUENCE_KEYS})
+  logp, _ = fns.policy_stats(policy_params(state), {k: upd[k] for k in SEQUENCE_KEYS})
   arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
             "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
             "truncated": upd["truncated"], "tokens": upd["tokens"]}

@@ -18,7 +18,8 @@ from rljax.train import checkpoint, metrics, reference, sft
 from rljax.train.evaluate import evaluate, ood_split
 from rljax.train.iteration import ForwardFns, rl_iteration, save_analysis_batch
 from rljax.train.rejection_sft import RejectionSFT
-from rljax.train.setup import build, compile_update, init_state
+from rljax.train.setup import build, compile_update, init_state, split_lora
+from rljax.train.update import policy_params
 from rljax.train.validate import validate
 
 
@@ -65,7 +66,7 @@ def compile_count(setup, fns, rsft=None):
 def _evaluate(setup, state, seed_key, *, with_ood=False):
   """Held-out metrics; with `with_ood` also the task.ood_difficulty split as `ood_*`."""
   c = setup.config
-  model = nnx.merge(setup.actor_graphdef, state.actor)
+  model = nnx.merge(setup.actor_graphdef, policy_params(state))
   out = evaluate(setup.ctx, model, setup.task.heldout_prompts(), seed_key,
                  n=c.sampling.eval_n, temperature=c.sampling.eval_temperature)
   split = ood_split(setup) if with_ood else None
@@ -80,7 +81,11 @@ def _fresh_state(setup):
   """SFT warm start; a PPO critic starts from a reward model (algo.critic_init_path, seed
   001) or else from the SFT policy's trunk."""
   c = setup.config
-  actor = sft.warm_start(setup, setup.initial_actor)
+  trainable, frozen = split_lora(setup, setup.initial_actor)
+  if frozen is None:
+    actor = sft.warm_start(setup, trainable)
+  else:   # LoRA: the warm start trains the base; the fresh adapters (B = 0) stay as they are
+    actor = nnx.merge_state(sft.warm_start(setup, frozen, frozen=(trainable,)), trainable)
   if setup.initial_critic is not None and not c.algo.critic_init_path:
     policy = nnx.merge(setup.actor_graphdef, actor)
     critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(c.run.seed + 1))
@@ -144,7 +149,7 @@ def train(config, *, stop_after=None):
         periodic = c.run.save_every and (it + 1) % c.run.save_every == 0
         # A state right after a skipped (non-finite) update is never checkpointed.
         if skipped_in_row == 0 and (last or interrupted or periodic):
-          ckpt.save(it + 1, state, host_state())
+          ckpt.save(it + 1, state._replace(base=None), host_state())
         if last:
           save_analysis_batch(fns, state, upd, run_dir / "analysis_batch.npz")
         if interrupted:
@@ -165,7 +170,7 @@ def _iteration(setup, fns, rsft, state, it, moments, eval_key, ckpt_dir):
   if rsft is not None and it % c.algo.rsft_every == 0:
     model = nnx.merge(setup.actor_graphdef, state.actor)
     state, rsft_metrics, *_ = rsft.phase(state, it, model)
-  model = nnx.merge(setup.actor_graphdef, state.actor)
+  model = nnx.merge(setup.actor_graphdef, policy_params(state))
   state, m, moments, upd = rl_iteration(setup, fns, state, it, moments, model)
   if reference.refresh_due(c.algo, it):
     state = reference.refresh_reference(setup, state, it)
@@ -193,12 +198,16 @@ def _start(setup, ckpt, eval_key):
   with_ref = setup.config.algo.kl_placement != "none"
   template = init_state(setup, setup.initial_actor, with_reference=with_ref)
   compile_update(setup, template)
-  restored = ckpt.restore_latest(template)
-  if restored is None:
+  restored = ckpt.restore_latest(template._replace(base=None))
+  base = None if template.base is None else ckpt.restore_frozen(template.base)
+  if restored is None or (template.base is not None and base is None):
     state = _fresh_state(setup)
+    if state.base is not None:
+      ckpt.save_frozen(state.base)
     return state, RunningMoments.create(), 0, _evaluate(setup, state, eval_key,
                                                         with_ood=True)
   step, state, host = restored
+  state = state._replace(base=base)
   setup.prompt_sampler.load_state_dict(host["prompt_sampler"])
   start = int(state.iteration)
   if parallel.is_primary():

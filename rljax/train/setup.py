@@ -18,7 +18,7 @@ from rljax.data.records_task import RecordsTask
 from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
 from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
-from rljax.models import Decoder, ModelConfig, load_hf
+from rljax.models import Decoder, ModelConfig, add_lora, load_hf
 from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
@@ -145,6 +145,10 @@ def build_models(config, tokenizer):
     model_cfg = tiny_model_config(config, tokenizer.vocab_size)
     actor = Decoder(model_cfg, rngs=rngs)
   check_vocab(tokenizer, model_cfg.vocab_size)
+  m = config.model
+  if m.lora_rank:
+    add_lora(actor, rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
+             rngs=nnx.Rngs(config.run.seed + 3))
   critic = None
   if config.algo.advantage == "gae" and config.algo.critic_init_path:
     critic = ValueModel.from_reward_model(load_reward_model(config.algo.critic_init_path))
@@ -205,17 +209,32 @@ def compile_update(setup: Setup, state) -> None:
       setup.critic_tx, setup.num_micro, state_shardings=shardings, mesh=setup.mesh)
 
 
+def split_lora(setup: Setup, actor_params):
+  """(trainable, frozen base or None): the LoRA adapters and the rest of a LoRA actor's
+  full parameters; (all of them, None) for full fine-tuning."""
+  if not setup.config.model.lora_rank:
+    return actor_params, None
+  return nnx.split_state(actor_params, nnx.LoRAParam, ...)
+
+
 def init_state(setup: Setup, actor_params, *, with_reference: bool) -> update.TrainState:
   """A fresh TrainState around (possibly SFT-initialised) actor parameters, placed on the mesh
-  (the reference copy in host memory when `algo.reference_offload`)."""
+  (the reference copy in host memory when `algo.reference_offload`).
+
+  With LoRA, `actor` holds the adapters and `base` the frozen rest; the optimizer state
+  covers the adapters only, and there is no reference copy (the base is the reference).
+  """
   c = setup.config
   critic = setup.initial_critic
   copy = lambda tree: jax.tree.map(jnp.copy, tree)  # noqa: E731
   init_opt = update.init_optimizer_state
+  actor_params, base = split_lora(setup, actor_params)
+  with_reference = with_reference and base is None
   state = update.TrainState(
       step=jnp.zeros((), jnp.int32), iteration=jnp.zeros((), jnp.int32),
       actor=actor_params, actor_opt=init_opt(setup.actor_tx, actor_params),
       critic=critic, critic_opt=init_opt(setup.critic_tx, critic) if critic is not None else None,
+      base=base,
       ref=copy(actor_params) if with_reference else None,
       kl_coef=jnp.asarray(c.algo.kl_coef, jnp.float32),
       rng=jax.random.key_data(jax.random.key(c.run.seed)),

@@ -47,18 +47,21 @@ def _cache_key(config, model_cfg):
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def token_mean_nll(graphdef, params, batch):
-  """Token-mean NLL of the completion tokens (`mask`) under the policy `params`."""
-  nll, count = objective.sft_nll(nnx.merge(graphdef, params), batch)
+def token_mean_nll(graphdef, params, batch, *frozen):
+  """Token-mean NLL of the completion tokens (`mask`) under the policy `params` (merged with
+  any `frozen` states, e.g. LoRA adapters that the warm start does not train)."""
+  nll, count = objective.sft_nll(nnx.merge(graphdef, params, *frozen), batch)
   return nll / jnp.maximum(count, 1.0)
 
 
 def sft_step_fn(graphdef, tx):
-  """Pure `step(params, opt_state, batch) -> (params, opt_state, loss before the step)` of
-  token-mean NLL with the optax optimizer `tx` (shared by the warm start and RS-FT)."""
+  """Pure `step(params, opt_state, batch, *frozen) -> (params, opt_state, loss before the
+  step)` of token-mean NLL with the optax optimizer `tx` (shared by the warm start and
+  RS-FT); `frozen` states complete the model and get no update."""
 
-  def step(params, opt_state, batch):
-    loss, grads = jax.value_and_grad(lambda p: token_mean_nll(graphdef, p, batch))(params)
+  def step(params, opt_state, batch, *frozen):
+    loss, grads = jax.value_and_grad(
+        lambda p: token_mean_nll(graphdef, p, batch, *frozen))(params)
     updates, opt_state = tx.update(grads, opt_state, params)
     return jax.tree.map(jnp.add, params, updates), opt_state, loss
   return step
@@ -82,7 +85,7 @@ def sft_optimizer(lr, *, warmup_steps, steps, end_lr_fraction):
 
 
 def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progress=False,
-              end_lr_fraction=1.0, worked_steps=0, completion_len=0):
+              end_lr_fraction=1.0, worked_steps=0, completion_len=0, frozen=()):
   """`steps` AdamW steps of token-mean NLL on demonstrations; returns (params, last loss).
 
   The first `worked_steps` steps show every prompt's worked solution, the rest the task's
@@ -108,12 +111,17 @@ def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progr
   for i in iterator:
     chosen = [prompts[j] for j in rng.integers(0, len(prompts), batch_size)]
     batch = demonstration_batch(setup.ctx, chosen, completion_len, worked=i < worked_steps)
-    params, opt_state, loss = step(params, opt_state, batch)
+    params, opt_state, loss = step(params, opt_state, batch, *frozen)
   return params, float(loss)
 
 
-def warm_start(setup, params):
-  """SFT-initialised actor parameters, loaded from the cache when available."""
+def warm_start(setup, params, *, frozen=()):
+  """SFT-initialised actor parameters, loaded from the cache when available.
+
+  `frozen`: states that complete the model but are not trained (a LoRA run's fresh
+  adapters, which are zero at init: the warm start trains the base, as for full
+  fine-tuning, so both share the cache).
+  """
   c = setup.config
   if c.sft.steps <= 0:
     return params
@@ -127,7 +135,8 @@ def warm_start(setup, params):
   params, _ = train_sft(setup, params, steps=c.sft.steps, batch_size=c.sft.batch_size,
                         lr=c.sft.lr, warmup_steps=c.sft.warmup_steps, seed=c.run.seed,
                         progress=c.run.progress, end_lr_fraction=c.sft.end_lr_fraction,
-                        worked_steps=c.sft.worked_steps, completion_len=c.sft.max_len)
+                        worked_steps=c.sft.worked_steps, completion_len=c.sft.max_len,
+                        frozen=frozen)
   if cache is not None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     with ocp.StandardCheckpointer() as ckpt:

@@ -34,6 +34,27 @@ class TrainState(NamedTuple):
   rng: jax.Array
   skipped_updates: jax.Array     # total non-finite updates skipped
   nonfinite_in_row: jax.Array
+  # LoRA (model.lora_rank > 0): the frozen base parameters, and `actor` holds the adapters
+  # only. Never donated, returned by the update step or written into step checkpoints.
+  base: Any = None
+
+
+def policy_params(state: TrainState, *, adapters: bool = True):
+  """The actor's full parameters (an nnx.State for `nnx.merge(actor_graphdef, ...)`).
+
+  With LoRA, the base merged with the adapters; `adapters=False` zeroes them, which is the
+  base model itself: the reference policy of a LoRA run, without a second copy of the base.
+  """
+  if state.base is None:
+    return state.actor
+  from rljax.models.lora import adapters_off
+
+  return nnx.merge_state(state.base, state.actor if adapters else adapters_off(state.actor))
+
+
+def has_reference(state: TrainState, kl_placement: str) -> bool:
+  """Whether the run has a reference policy (a copy, or a LoRA base with adapters off)."""
+  return state.ref is not None or (state.base is not None and kl_placement != "none")
 
 
 def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
@@ -92,12 +113,15 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
   The update never reads the reference parameters: the returned function hands the
   jitted step the state without `ref` and puts the same `ref` back into the new state,
   so they may live in host memory (`algo.reference_offload`) and are never donated.
+  A LoRA base (`state.base`) is passed as a separate, non-donated argument and is not
+  returned: the step differentiates and updates the adapters only.
   `update_step.lower(...)` and `update_step._cache_size()` are the jitted step's.
   """
 
-  def micro(params, minibatch, denom):
+  def micro(params, minibatch, denom, base):
     actor_params, critic_params = params
-    actor = nnx.merge(actor_graphdef, actor_params)
+    # LoRA: the frozen base enters as an argument; only the adapters are differentiated
+    actor = nnx.merge(actor_graphdef, actor_params, *([] if base is None else [base]))
     critic = nnx.merge(critic_graphdef, critic_params) if critic_params is not None else None
     return objective.micro_loss(spec, actor, critic, minibatch, denom)
 
@@ -105,10 +129,11 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   out_shardings = None
   if state_shardings is not None:
-    out_shardings = (state_shardings._replace(ref=None), NamedSharding(mesh, PartitionSpec()))
+    out_shardings = (state_shardings._replace(ref=None, base=None),
+                     NamedSharding(mesh, PartitionSpec()))
 
   @functools.partial(jax.jit, donate_argnums=(0,), out_shardings=out_shardings)
-  def jitted_step(state: TrainState, minibatch, train_actor):
+  def jitted_step(state: TrainState, base, minibatch, train_actor):
     denom = objective.denominators(spec, minibatch["mask"])
     if "ptx" in minibatch:
       denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
@@ -117,14 +142,14 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
     def body(carry, mb):
       grads, loss, sums = carry
-      (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom)
+      (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom, base)
       per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS, None)
       sums = jax.tree.map(jnp.add, sums, micro_metrics)
       return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), per_token
 
     micro_batches = split_micro(minibatch, num_micro)
     first = jax.tree.map(lambda x: x[0], micro_batches)
-    _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom))
+    _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom, base))
     metric_shape.pop(objective.TOKEN_OUTPUTS, None)
     init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, metric_shape))
     (grads, loss, sums), per_token = jax.lax.scan(body, init, micro_batches)
@@ -151,9 +176,11 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     return new_state, metrics
 
   def update_step(state: TrainState, minibatch, train_actor):
-    new_state, metrics = jitted_step(state._replace(ref=None), minibatch, train_actor)
-    return new_state._replace(ref=state.ref), metrics
+    new_state, metrics = jitted_step(state._replace(ref=None, base=None), state.base,
+                                     minibatch, train_actor)
+    return new_state._replace(ref=state.ref, base=state.base), metrics
 
-  update_step.lower = lambda state, *args: jitted_step.lower(state._replace(ref=None), *args)
+  update_step.lower = lambda state, *args: jitted_step.lower(
+      state._replace(ref=None, base=None), state.base, *args)
   update_step._cache_size = jitted_step._cache_size
   return update_step

@@ -179,6 +179,7 @@ def _check_combinations(errors, c):
   _check_rsft(errors, a)
   _check_2026(errors, a)
   _check_user_rewards(errors, c)
+  _check_lora(errors, c)
   if a.old_logp_source == "update":
     _check_old_logp_from_update(errors, a)
 
@@ -243,6 +244,30 @@ def _check_user_rewards(errors, c):
          f"algo.repetition_penalty={a.repetition_penalty} must be >= 0 (0: off)")
   _check(errors, isinstance(a.repetition_ngram, int) and a.repetition_ngram >= 1,
          f"algo.repetition_ngram={a.repetition_ngram!r} must be an int >= 1")
+
+
+def _check_lora(errors, c):
+  """model.lora_*: rank, alpha, targets, and what LoRA runs do not combine with."""
+  from rljax.models.lora import TARGETS
+
+  m, a = c.model, c.algo
+  if not isinstance(m.lora_rank, int) or m.lora_rank < 0:
+    errors.append(f"model.lora_rank={m.lora_rank!r} must be an int >= 0 (0: full fine-tuning)")
+    return
+  if m.lora_rank == 0:
+    return
+  _check(errors, m.lora_alpha > 0, f"model.lora_alpha={m.lora_alpha} must be > 0")
+  targets = tuple(m.lora_targets)
+  if not targets or any(t not in TARGETS for t in targets) or len(set(targets)) != len(targets):
+    errors.append(f"model.lora_targets={targets!r}: each must be one of {list(TARGETS)}, "
+                  "at least one, no repeats")
+  for bad, why in ((a.ref_refresh != "none", f"algo.ref_refresh={a.ref_refresh!r}"),
+                   (a.rsft_every > 0, f"algo.rsft_every={a.rsft_every}"),
+                   (a.reference_offload, "algo.reference_offload=True")):
+    if bad:
+      errors.append(f"{why} is not supported with model.lora_rank > 0: the reference of a "
+                    "LoRA run is the base with the adapters off (no copy to refresh or "
+                    "offload), and rejection-sampling phases train full weights")
 
 
 def _check_old_logp_from_update(errors, a):
