@@ -105,6 +105,7 @@ def measure(a, row):
 
   from rljax.train import iteration
   from rljax.train import setup as setup_lib
+  from rljax.train.update import policy_params
   _use_naive_logprobs(row.get("naive", False))
   config = _config(a, a.seq, **row["config"])
   setup = setup_lib.build(config)
@@ -114,24 +115,54 @@ def measure(a, row):
   b = a.batch
   update = _stats(setup.update_step.lower(state, _minibatch(setup, b), jnp.asarray(True))
                   .compile())
+  full = policy_params(state)   # LoRA: the base merged with the adapters
   forward = _stats(iteration.ForwardFns(setup).policy_stats
-                   .lower(state.actor, _sequences(setup, b)).compile())
-  params, opt = _nbytes(state.actor), _nbytes(state.actor_opt)
+                   .lower(full, _sequences(setup, b)).compile())
+  params, opt = _nbytes(full), _nbytes(state.actor_opt)
   ref_dev = 0 if state.ref is None or config.algo.reference_offload else _nbytes(state.ref)
   ref_host = _nbytes(state.ref) if state.ref is not None and not ref_dev else 0
   phases = {"update": update["peak"] + ref_dev,
             "actor_forward": forward["peak"] + opt + ref_dev,
             # the reference forward: its params are arguments, the actor's stay resident
             "ref_forward": forward["peak"] + opt + params if with_ref else 0}
-  return {"name": row["name"], "params": params, "opt": opt, "ref_device": ref_dev,
-          "ref_host": ref_host, "update": update, "forward": forward, "phases": phases,
-          "device_peak": max(phases.values()), "prompt_len": setup.ctx.prompt_len,
-          "completion_len": config.sampling.max_new_tokens}
+  if with_ref and state.base is not None:   # LoRA: the base is shared; zeroed adapters only
+    phases["ref_forward"] = forward["peak"] + opt + _nbytes(state.actor)
+  out = {"name": row["name"], "params": params, "opt": opt, "ref_device": ref_dev,
+         "ref_host": ref_host, "update": update, "forward": forward, "phases": phases,
+         "device_peak": max(phases.values()), "prompt_len": setup.ctx.prompt_len,
+         "completion_len": config.sampling.max_new_tokens, "trainable": _nbytes(state.actor)}
+  if a.time:
+    out["step_s"] = time_update(setup, state, b, repeats=a.time)
+  return out
+
+
+def time_update(setup, state, b, *, repeats):
+  """Median wall seconds of the real update step on random inputs (after one warm-up)."""
+  import time
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  rng = np.random.default_rng(0)
+  spec = _minibatch(setup, b)
+  mb = {k: jnp.asarray(rng.integers(3, 90, s.shape).astype(s.dtype) if s.dtype == jnp.int32
+                       else rng.random(s.shape).astype(s.dtype)) for k, s in spec.items()}
+  mb["mask"] = jnp.ones_like(mb["mask"])
+  train = jnp.asarray(True)
+  times = []
+  for i in range(repeats + 1):
+    t0 = time.perf_counter()
+    state, metrics = setup.update_step(state, mb, train)
+    jax.block_until_ready((state, metrics))
+    if i:
+      times.append(time.perf_counter() - t0)
+  return float(np.median(times))
 
 
 def rows(a):
   kl = {"algo.kl_placement": "loss", "algo.kl_coef": 0.05}
   both = {"model.remat": True, "algo.microbatches": a.micro}
+  lora = {"model.lora_rank": 8, "model.lora_alpha": 32.0}
   return [
       {"name": "baseline (no remat, 1 micro-batch, chunked log-probs)", "config": {}},
       {"name": "+ remat", "config": {"model.remat": True}},
@@ -146,6 +177,12 @@ def rows(a):
       {"name": f"all: remat + {a.micro} micro + offloaded ref + bf16", "config": dict(
           both, **kl, **{"algo.reference_offload": True, "model.param_dtype": "bfloat16",
                          "model.dtype": "bfloat16"})},
+      {"name": "LoRA r=8, all 7 projections", "config": lora},
+      {"name": "LoRA r=8 + reference (= base, adapters off; KL in loss)", "config": dict(
+          lora, **kl)},
+      {"name": f"LoRA r=8 + remat + {a.micro} micro-batches", "config": dict(lora, **both)},
+      {"name": "LoRA r=8, bf16 base (fp32 adapters)", "config": dict(lora, **{
+          "model.param_dtype": "bfloat16", "model.dtype": "bfloat16"})},
   ]
 
 
@@ -154,17 +191,18 @@ def _mb(x):
 
 
 def table(results):
-  head = ("| configuration | params + opt MB (fixed) | ref on device / host MB | update args | "
-          "update out | update temp | update peak MB | forward temp | forward peak MB | "
-          "device peak MB |")
-  lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  head = ("| configuration | params + opt MB (fixed) | trainable MB | ref on device / host MB | "
+          "update args | update out | update temp | update peak MB | forward temp | "
+          "forward peak MB | device peak MB | update step s |")
+  lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in results:
     u, f = r["update"], r["forward"]
+    step = f"{r['step_s']:.2f}" if "step_s" in r else "–"
     lines.append(
-        f"| {r['name']} | {_mb(r['params'] + r['opt'])} | {_mb(r['ref_device'])} / "
-        f"{_mb(r['ref_host'])} | {_mb(u['args'])} | {_mb(u['out'])} | {_mb(u['temp'])} | "
-        f"**{_mb(u['peak'])}** | {_mb(f['temp'])} | {_mb(f['peak'])} | "
-        f"**{_mb(r['device_peak'])}** |")
+        f"| {r['name']} | {_mb(r['params'] + r['opt'])} | {r['trainable'] / 2**20:,.2f} | "
+        f"{_mb(r['ref_device'])} / {_mb(r['ref_host'])} | {_mb(u['args'])} | {_mb(u['out'])} | "
+        f"{_mb(u['temp'])} | **{_mb(u['peak'])}** | {_mb(f['temp'])} | {_mb(f['peak'])} | "
+        f"**{_mb(r['device_peak'])}** | {step} |")
   return "\n".join(lines)
 
 
@@ -235,6 +273,8 @@ def main():
   ap.add_argument("--scheduler", choices=list(SCHEDULERS), default="memory")
   ap.add_argument("--rows", default="", help="comma-separated row indices (default: all)")
   ap.add_argument("--rss", action="store_true", help="cross-check against process RSS")
+  ap.add_argument("--time", type=int, default=0, metavar="N",
+                  help="also run each row's update step N times (after a warm-up): median s")
   ap.add_argument("--rss-seq", type=int, default=512)
   ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
   a = ap.parse_args()
