@@ -176,9 +176,10 @@ class Decoder(nnx.Module):
                        f"build caches with Decoder.init_cache), got {cache.k[0].shape}")
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
-    query_slot = start + jnp.arange(s)  # [S]
-    causal = jnp.arange(s_max)[None, :] <= query_slot[:, None]  # [S,S_max]
-    mask_bst = causal[None] & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
+    start_b = jnp.broadcast_to(jnp.asarray(start), (b,))   # scalar or one start per row
+    query_slot = start_b[:, None] + jnp.arange(s)  # [B,S]
+    causal = jnp.arange(s_max)[None, None, :] <= query_slot[:, :, None]  # [B,S,S_max]
+    mask_bst = causal & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
       x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
@@ -198,7 +199,8 @@ class Decoder(nnx.Module):
       tokens_bs: int [B,S].
       positions: int [B,S].
       cache: `KVCache`, k[l] [B,K,Dh,S_max] and v[l] [B,K,S_max,Dh] for each of the L layers.
-      start: int scalar (may be traced), first slot written.
+      start: int scalar (may be traced), first slot written; or int [B], a first slot per
+        row (rows at different steps, as in the continuous-batching sampler).
       kv_mask: [B,S_max], 1 = slot holds a real token (including the new ones).
       fused: optional `fused_weights()` (same values, faster few-row steps).
     Returns:

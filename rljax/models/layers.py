@@ -283,6 +283,23 @@ def _one_query_attention(q_bkgd, k_bkdt, v_bkte, mask_bt):
   return out.astype(v_bkte.dtype)
 
 
+def write_cache(k_bkdt, v_bkte, new_k_bkds, new_v_bkse, start):
+  """Writes S new keys/values into cache slots [start, start + S).
+
+  `start` is a scalar (one `dynamic_update_slice` for the batch) or int [B], one first slot
+  per row (rows at different decode steps: the continuous-batching sampler), written row by
+  row as a vmapped update (a scatter).
+  """
+  k_new = new_k_bkds.astype(k_bkdt.dtype)
+  v_new = new_v_bkse.astype(v_bkte.dtype)
+  if jnp.ndim(start) == 0:
+    return (jax.lax.dynamic_update_slice(k_bkdt, k_new, (0, 0, 0, start)),
+            jax.lax.dynamic_update_slice(v_bkte, v_new, (0, 0, start, 0)))
+  row_k = lambda c, x, s: jax.lax.dynamic_update_slice(c, x, (0, 0, s))  # noqa: E731
+  row_v = lambda c, x, s: jax.lax.dynamic_update_slice(c, x, (0, s, 0))  # noqa: E731
+  return jax.vmap(row_k)(k_bkdt, k_new, start), jax.vmap(row_v)(v_bkte, v_new, start)
+
+
 class MLP(nnx.Module):
   """SwiGLU feed-forward, down(silu(x W_gate) ⊙ x W_up).
 
@@ -333,7 +350,8 @@ class DecoderLayer(nnx.Module):
     return (*self.attn.fused_qkv(), self.mlp.fused_gate_up())
 
   def cached(self, x_bsd, cos, sin, mask_bst, k_bkdt, v_bkte, start, fused=None):
-    """Block over S new tokens that writes their K/V into slots [start, start+S).
+    """Block over S new tokens that writes their K/V into slots [start, start+S) (`start`
+    a scalar, or int [B] for a different first slot per row).
 
     Args:
       k_bkdt, v_bkte: this layer's cache, keys [B,K,Dh,S_max], values [B,K,S_max,Dh].
@@ -344,10 +362,8 @@ class DecoderLayer(nnx.Module):
     """
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin,
                             fused=None if fused is None else fused[:2])
-    k_bkdt = jax.lax.dynamic_update_slice(
-        k_bkdt, k.transpose(0, 2, 3, 1).astype(k_bkdt.dtype), (0, 0, 0, start))
-    v_bkte = jax.lax.dynamic_update_slice(
-        v_bkte, v.swapaxes(1, 2).astype(v_bkte.dtype), (0, 0, start, 0))
+    k_bkdt, v_bkte = write_cache(k_bkdt, v_bkte, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2),
+                                 start)
     keys = k_bkdt
     if x_bsd.shape[1] > 1 and keys.dtype != jnp.float32:
       # Prefill: XLA CPU has no bf16 x bf16 -> f32 kernel for this batched dot with the

@@ -36,6 +36,9 @@ class _Spec(NamedTuple):
   use_min_p: bool
   stop_tokens: tuple[int, ...]
   pad_id: int
+  # rows come in groups of `group` copies of one prompt (GRPO's n samples): prefill each
+  # group's first row only and copy its KV and logits to the others (1: every row)
+  group: int = 1
 
 
 class _Decoded(NamedTuple):
@@ -46,9 +49,10 @@ class _Decoded(NamedTuple):
   truncated: jax.Array
 
 
-def _spec_and_scalars(sampling: SamplingParams, pad_id: int):
+def _spec_and_scalars(sampling: SamplingParams, pad_id: int, group: int = 1):
   spec = _Spec(sampling.max_new_tokens, sampling.greedy, sampling.top_k,
-               sampling.top_p < 1.0, sampling.min_p > 0.0, sampling.stop_tokens, int(pad_id))
+               sampling.top_p < 1.0, sampling.min_p > 0.0, sampling.stop_tokens, int(pad_id),
+               int(group))
   temperature = sampling.temperature if sampling.temperature > 0 else 1.0
   scalars = np.asarray([temperature, sampling.top_p, sampling.min_p], np.float32)
   return spec, scalars
@@ -88,6 +92,19 @@ def _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs, fused):
   return logits_rpv[:, -1], cache
 
 
+def _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int):
+  """Prefill of R rows; with `group` g > 1, of every g-th row, whose KV cache and last
+  logits are then repeated g times (rows r·g .. r·g+g-1 hold the same prompt): g-fold less
+  prefill compute, the same cache (JetStream's `prefill_multisampling` + `bulk_insert`)."""
+  r, p = tokens_rp.shape
+  if group > 1 and r % group == 0:
+    pick = lambda x: x[::group]  # noqa: E731
+    logits, cache = _prefill(model, pick(tokens_rp), pick(positions_rp),
+                             model.init_cache(r // group, p), pick(kv_mask_rp), fused)
+    return jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), (logits, cache))
+  return _prefill(model, tokens_rp, positions_rp, model.init_cache(r, p), kv_mask_rp, fused)
+
+
 def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec) -> _Decoded:
   """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
   buckets._note_trace()
@@ -101,9 +118,8 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
   # q|k|v and gate|up concatenated once, for the prefill and every decode step: fewer,
   # wider matmuls.
   fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
-  cache = model.init_cache(r, p)
-  last_logits_rv, cache = _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs[:, :p],
-                                   fused)
+  last_logits_rv, cache = _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
+                                          fused, spec.group)
   step = _sampler(spec, scalars_3, rng, r)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
   out = _Decoded(
@@ -168,7 +184,8 @@ _decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec",))
 
 def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: SamplingParams,
              rng: jax.Array, pad_id: int = 0, sampler_dtype: Any = None, mesh=None,
-             prompt_bucket: Any = "pow2", batch_bucket: Any = "pow2") -> Rollout:
+             prompt_bucket: Any = "pow2", batch_bucket: Any = "pow2",
+             share_prefill: bool = False) -> Rollout:
   """Samples `sampling.n` completions per prompt with a KV cache, as one compiled program.
 
   Prefills the left-padded prompt batch (each prompt repeated n times), then decodes
@@ -190,6 +207,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       parameters keep (or get) their logical-axis sharding.
     prompt_bucket, batch_bucket: rounding of P and of B*n ("pow2", an int multiple, or
       None for exact shapes); one program is compiled per bucket.
+    share_prefill: prefill each prompt once for its n samples (same cache, n-fold less
+      prefill compute).
   Returns:
     `Rollout` with B*n rows (padding rows dropped), T = max_new_tokens columns.
   """
@@ -199,11 +218,12 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   n = sampling.n
   tokens_bp, mask_bp = np.repeat(tokens_bp, n, axis=0), np.repeat(mask_bp, n, axis=0)
   rows, width = tokens_bp.shape
-  r = buckets.round_up(rows, batch_bucket, multiple_of=_data_shards(mesh))
+  group = n if share_prefill else 1
+  r = buckets.round_up(rows, batch_bucket, multiple_of=_data_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
   graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
+  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, group)
   tokens_rw, mask_rw, state = _place(mesh, tokens_rw, mask_rw, state)
   out = _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
@@ -217,7 +237,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
 
 def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *,
                   sampling: SamplingParams, rng: jax.Array, pad_id: int = 0,
-                  sampler_dtype: Any = None):
+                  sampler_dtype: Any = None, share_prefill: bool = False):
   """`generate` for prompt rows the caller has already repeated, padded and placed.
 
   For global arrays that span processes (multi-host: each process built only its own
@@ -229,11 +249,13 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
     model, sampling, rng, pad_id, sampler_dtype: as in `generate`.
     tokens_rw: int32 [R, W] left-padded prompt rows (padding rows: one real token).
     mask_rw: int32 [R, W], 1 on real tokens.
+    share_prefill: rows come in groups of `sampling.n` copies of one prompt (R a multiple
+      of n): prefill each group once.
   Returns:
     NamedTuple (tokens, mask, logp, logp_full, truncated) of all R rows, as in `Rollout`.
   """
   graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
+  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   return _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
 
 

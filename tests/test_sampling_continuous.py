@@ -1,0 +1,88 @@
+"""Continuous batching and shared prefill give, request by request, what the static
+sampler gives; compiles stay bounded."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rljax.models import Decoder
+from rljax.models.testing import perturb_params, tiny_config
+from rljax.sampling import SamplingParams, compile_count, generate
+from rljax.sampling.continuous import generate_continuous
+from rljax.sampling.sampler import _shared_prefill
+
+
+@pytest.fixture(scope="module")
+def model():
+  return perturb_params(Decoder(tiny_config(), rngs=nnx.Rngs(0)), scale=0.3)
+
+
+def _prompts(b=5, p=7, seed=0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, p + 1, b)
+  mask = (np.arange(p)[None] >= p - lengths[:, None]).astype(np.int32)
+  return (rng.integers(3, 97, (b, p)) * mask).astype(np.int32), mask
+
+
+def _same(a, b, atol=5e-5):
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_array_equal(np.asarray(a.mask), np.asarray(b.mask))
+  np.testing.assert_array_equal(np.asarray(a.truncated), np.asarray(b.truncated))
+  np.testing.assert_allclose(np.asarray(a.logp), np.asarray(b.logp), atol=atol)
+  np.testing.assert_allclose(np.asarray(a.logp_full), np.asarray(b.logp_full), atol=atol)
+  np.testing.assert_array_equal(np.asarray(a.group_id), np.asarray(b.group_id))
+
+
+STOPS = SamplingParams(max_new_tokens=12, n=3, stop_tokens=(5, 7, 9, 11, 13))
+FILTERS = SamplingParams(max_new_tokens=9, n=2, top_k=20, top_p=0.9, temperature=0.8,
+                         stop_tokens=(5, 7, 9))
+GREEDY = SamplingParams(max_new_tokens=8, n=1, greedy=True, stop_tokens=(5, 7))
+ONE_TOKEN = SamplingParams(max_new_tokens=1, n=4, stop_tokens=(5,))
+
+
+@pytest.mark.parametrize("sampling, slots, share", [
+    (STOPS, 1, True), (STOPS, 4, False), (STOPS, 64, True), (FILTERS, 4, True),
+    (GREEDY, 4, True), (ONE_TOKEN, 4, True),
+], ids=["one_slot", "per_row_prefill", "all_resident", "filters", "greedy", "one_token"])
+def test_continuous_equals_static_request_by_request(model, sampling, slots, share):
+  tokens, mask = _prompts()
+  static = generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(3))
+  _same(generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(3),
+                            slots=slots, share_prefill=share), static)
+
+
+def test_lengths_really_differ_and_slots_are_reused(model):
+  tokens, mask = _prompts(b=6)
+  sampling = SamplingParams(max_new_tokens=16, n=4, stop_tokens=tuple(range(5, 25)))
+  out = generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(0),
+                            slots=3)
+  lengths = np.asarray(out.mask).sum(1)
+  assert lengths.min() < lengths.max() and len(lengths) == 24   # 24 requests through 3 slots
+
+
+def test_shared_prefill_gives_the_same_cache_and_logits(model):
+  tokens, mask = _prompts(b=3)
+  n = 4
+  rows_t, rows_m = np.repeat(tokens, n, 0), np.repeat(mask, n, 0)
+  positions = jnp.maximum(jnp.cumsum(rows_m, 1) - 1, 0)
+  fused = {"fused": model.fused_weights()}
+  per_row = _shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, 1)
+  shared = _shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, n)
+  for a, b in zip(jax.tree.leaves(per_row), jax.tree.leaves(shared)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+  sampling = SamplingParams(max_new_tokens=10, n=n, stop_tokens=(5, 7))
+  _same(generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(2), share_prefill=True),
+        generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(2)))
+
+
+def test_no_recompile_for_new_prompts_and_params_in_the_same_bucket(model):
+  sampling = SamplingParams(max_new_tokens=6, n=2, stop_tokens=(5,))
+  tokens, mask = _prompts(seed=1)
+  generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(0), slots=4)
+  before = compile_count()
+  other = perturb_params(nnx.clone(model), seed=9)
+  tokens2, mask2 = _prompts(seed=2)
+  generate_continuous(other, tokens2, mask2, sampling=sampling, rng=jax.random.key(1), slots=4)
+  assert compile_count() == before
