@@ -80,9 +80,14 @@ def test_eight_devices_give_the_same_losses_as_one(tmp_path):
   assert jax.device_count() == 8
   runs = {}
   for devices in (1, 8):
-    config = micro_config("grpo", tmp_path / f"d{devices}", **{"parallel.num_devices": devices})
+    # a reward that varies with the text: the untrained model's verifier reward is 0 and
+    # so would be every loss and gradient
+    config = micro_config("grpo", tmp_path / f"d{devices}", **{
+        "parallel.num_devices": devices,
+        "task.reward_fns": ["tests/signal_rewards.py:digit_share"]})
     train(config)
     runs[devices] = read_records(tmp_path / f"d{devices}" / "grpo")
+  assert runs[1][0]["update/grad_norm"] > 0
   for one, eight in zip(runs[1], runs[8]):
     assert one["train/raw_score"] == eight["train/raw_score"]
     assert one["train/response_length_mean"] == eight["train/response_length_mean"]

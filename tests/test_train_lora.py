@@ -104,10 +104,12 @@ def test_checkpoints_hold_adapters_and_resume_is_bit_identical(tmp_path):
 def test_eight_devices_equal_one_with_lora(tmp_path):
   runs = {}
   for devices in (1, 8):
-    config = micro_config("grpo", tmp_path / f"d{devices}",
-                          **{**LORA, "parallel.num_devices": devices})
+    config = micro_config("grpo", tmp_path / f"d{devices}", **{
+        **LORA, "parallel.num_devices": devices,
+        "task.reward_fns": ["tests/signal_rewards.py:digit_share"]})
     train(config)
     runs[devices] = read_records(tmp_path / f"d{devices}" / "grpo")
+  assert runs[1][-1]["update/grad_norm"] > 0
   for one, eight in zip(runs[1], runs[8]):
     assert one["train/raw_score"] == eight["train/raw_score"]
     for key in ("update/loss", "update/grad_norm", "update/entropy"):

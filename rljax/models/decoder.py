@@ -116,8 +116,12 @@ class Decoder(nnx.Module):
     return jnp.take(self.embed[...], tokens_bs, axis=0, mode="clip").astype(
         self.cfg.compute_dtype)
 
-  def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None):
-    """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`."""
+  def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None, segment_ids=None):
+    """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`.
+
+    `segment_ids` [B,S] (optional): packed rows holding several sequences; a query attends
+    only keys of its own segment (positions should then restart per segment).
+    """
     chex.assert_rank(tokens_bs, 2)
     if attention_mask is None:
       attention_mask = jnp.ones(tokens_bs.shape, jnp.int32)
@@ -129,6 +133,9 @@ class Decoder(nnx.Module):
     cos, sin = rope_cos_sin(positions, self.cfg)
     causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
     mask_bst = causal[None] & (attention_mask[:, None, :] > 0)  # [B,S,S]
+    if segment_ids is not None:
+      chex.assert_equal_shape([tokens_bs, segment_ids])
+      mask_bst = mask_bst & (segment_ids[:, :, None] == segment_ids[:, None, :])
     call = _remat_layer_call if self.cfg.remat else _layer_call
     for layer in self.layers:
       x = call(layer, x, cos, sin, mask_bst)

@@ -220,6 +220,9 @@ def _algo_objective() -> dict:
       epochs=2,                # passes over each rollout batch ...
       minibatches=4,           # ... in this many updates each: 8 updates, ratios leave 1
       microbatches=1,
+      # the update and the rollout forwards run on packed rows (no compute on padding;
+      # same values, rljax.train.packing); False: the padded [B, P + T] layout
+      pack_sequences=True,
   )
 
 

@@ -15,7 +15,7 @@ from rljax.ops import advantages_group, masks, mismatch, shaping
 from rljax.ops import kl as kl_ops
 from rljax.ops.stats import masked_mean
 from rljax.parallel import batch_sharding
-from rljax.train import objective, offload, rollout
+from rljax.train import objective, offload, packing, rollout
 from rljax.train.advantages import compute_advantages, gdpo_terms
 from rljax.train.sft import demonstration_batch
 from rljax.train.update import has_reference, policy_params, split_micro
@@ -45,11 +45,12 @@ class ForwardFns:
   `algo.microbatches` chunks like the update step, so they do not set the memory peak."""
 
   def __init__(self, setup):
-    temperature = setup.loss_spec.temperature
+    temperature, pack_groups = setup.loss_spec.temperature, setup.loss_spec.pack_groups
     actor_gd, critic_gd = setup.actor_graphdef, setup.critic_graphdef
 
     def policy_forward(params, batch):
-      return objective.policy_forward(nnx.merge(actor_gd, params), batch, temperature=temperature)
+      return objective.policy_forward(nnx.merge(actor_gd, params), batch, temperature=temperature,
+                                      pack_groups=pack_groups)
 
     def value_forward(params, batch):
       return objective.value_forward(nnx.merge(critic_gd, params), batch)
@@ -63,6 +64,16 @@ class ForwardFns:
     # (log-probs, Σπ²) for the optimal token baseline; compiled only when that mode calls it
     self.policy_sum_sq = jax.jit(in_micro_batches(sum_sq_forward, setup.num_micro))
     self.policy_stats, self.values = policy_stats, values
+    self.setup = setup
+
+  def sequences(self, batch, lengths):
+    """The forwards' input: the four sequence arrays of `batch`, plus the packing layout
+    of its rows when the run packs (`lengths`: host prompt_lengths and lengths)."""
+    out = {k: batch[k] for k in SEQUENCE_KEYS}
+    if self.setup.loss_spec.pack_groups:
+      out.update(pack_batch(self.setup, lengths, out["tokens"].shape[1],
+                            out["prompt_tokens"].shape[1]))
+    return out
 
   def compile_count(self):
     return (self.policy_stats._cache_size() + self.values._cache_size()
@@ -133,7 +144,9 @@ def prepare(setup, fns, state, rows, keys, moments):
   # placed, every process holding the same values.
   rows_sharding = batch_sharding(setup.mesh)
   batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
-  sequences = dict(batch)   # the four arrays every forward pass takes (one jit signature)
+  lengths = {"prompt_lengths": np.asarray(rows["prompt_lengths"]),
+             "lengths": np.asarray(rows["lengths"])}
+  sequences = fns.sequences(batch, lengths)   # (+ the packing layout when the run packs)
   sampler_logp = jax.device_put(rows["sampler_logp"], rows_sharding)
   mask = batch["mask"].astype(jnp.float32)
   if a.old_logp_source == "update":   # filled in by the update step (`fill_from_update`)
@@ -172,7 +185,7 @@ def prepare(setup, fns, state, rows, keys, moments):
              old_values=batch["values"], token_weights=weights,
              is_weights=correction_weights(c, old_logp, sampler_logp, mask),
              rng=jax.random.key_data(jax.random.split(keys["update"], b)),
-             sampler_logp=sampler_logp, completion_mask=batch["mask"])
+             sampler_logp=sampler_logp, completion_mask=batch["mask"], **lengths)
   if "reward_components" in batch:
     upd["reward_components"] = batch["reward_components"]
   metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
@@ -196,13 +209,25 @@ def reward_components(setup, rows, shaped_scores):
   return jnp.asarray(np.stack(cols + [shaping_delta], axis=1))
 
 
+def pack_batch(setup, lengths, completion_width, prompt_width, index=None):
+  """The packing layout (`rljax.train.packing`) of the rows `index` of a batch, placed like
+  its rows: one group per (micro-batch, data shard)."""
+  take = (lambda x: x) if index is None else (lambda x: x[index])  # noqa: E731
+  groups = setup.num_micro * setup.loss_spec.pack_groups
+  layout = packing.pack_layout(take(lengths["prompt_lengths"]), take(lengths["lengths"]),
+                               prompt_width=prompt_width, completion_width=completion_width,
+                               groups=groups)
+  sharding = batch_sharding(setup.mesh)
+  return {k: jax.device_put(v, sharding) for k, v in packing.layout_arrays(layout).items()}
+
+
 def pf_ppo_filter(algo, upd, key):
   """PF-PPO: the update batch resampled with replacement, P(row) ∝ w(score) (verl
   `pf_ppo`); returns (batch, fraction of distinct rows kept)."""
   weights = advantages_group.pf_ppo_weights(upd["scores"], method=algo.pf_ppo,
                                             power=algo.pf_ppo_power)
-  index = advantages_group.pf_ppo_resample(jax.random.fold_in(key, 0x9F), weights)
-  unique = len(np.unique(np.asarray(index))) / index.shape[0]
+  index = np.asarray(advantages_group.pf_ppo_resample(jax.random.fold_in(key, 0x9F), weights))
+  unique = len(np.unique(index)) / index.shape[0]
   return {k: v[index] for k, v in upd.items()}, unique
 
 
@@ -291,6 +316,9 @@ def run_updates(setup, state, upd, keys, *, train_actor, iteration):
     for m in range(a.minibatches):
       index = perm[m * per_mb:(m + 1) * per_mb]
       minibatch = {k: upd[k][index] for k in UPDATE_KEYS}
+      if setup.loss_spec.pack_groups:
+        minibatch.update(pack_batch(setup, upd, upd["tokens"].shape[1],
+                                    upd["prompt_tokens"].shape[1], np.asarray(index)))
       minibatch["kl_coef"] = jnp.copy(state.kl_coef)   # own buffer: the state is donated
       if a.ptx_coef:
         minibatch["ptx"] = ptx_batch(setup, per_mb, seed=(iteration, epoch, m))
@@ -348,7 +376,7 @@ def rl_iteration(setup, fns, state, iteration, moments, model):
 def save_analysis_batch(fns, state, upd, path):
   """The last rollout batch with the updated policy's log-probs, for `rljax.analysis`
   (the notebook's trick-impact view on a real batch)."""
-  logp, _ = fns.policy_stats(policy_params(state), {k: upd[k] for k in SEQUENCE_KEYS})
+  logp, _ = fns.policy_stats(policy_params(state), fns.sequences(upd, upd))
   arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
             "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
             "truncated": upd["truncated"], "tokens": upd["tokens"]}

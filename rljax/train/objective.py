@@ -15,12 +15,17 @@ import jax
 import jax.numpy as jnp
 
 from rljax.analysis.token_stats import clip_by_probability_bt
-from rljax.models.logprobs import token_logprobs_and_entropy, token_logprobs_and_sum_sq
+from rljax.models.logprobs import (
+  logprobs_and_entropy_from_hidden,
+  token_logprobs_and_entropy,
+  token_logprobs_and_sum_sq,
+)
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
 from rljax.ops import policy_loss as pl
 from rljax.ops import policy_loss_gated as gated
 from rljax.ops import value as value_ops
+from rljax.train import packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +59,11 @@ class LossSpec:
   # hyper-parameters of the losses in rljax.ops.policy_loss_gated: sorted (name, value) pairs
   gated_hyper: tuple = ()
   kl_is_correction: bool = False
+  # packed forward (rljax.train.packing): groups per micro-batch, 0 = padded layout
+  pack_groups: int = 0
 
 
-def loss_spec(config) -> LossSpec:
+def loss_spec(config, pack_groups: int = 0) -> LossSpec:
   """The one place that reads objective fields from the config."""
   a = config.algo
   return LossSpec(
@@ -74,7 +81,7 @@ def loss_spec(config) -> LossSpec:
       pg_coef=float(a.pg_coef), temperature=float(config.sampling.temperature),
       old_logp_from_update=a.old_logp_source == "update",
       gated_hyper=tuple(sorted(_gated_hyper(a).get(a.policy_loss, {}).items())),
-      kl_is_correction=bool(a.kl_is_correction),
+      kl_is_correction=bool(a.kl_is_correction), pack_groups=int(pack_groups),
   )
 
 
@@ -104,12 +111,25 @@ def full_sequence(batch):
   return tokens, positions, attention
 
 
-def policy_forward(model, batch, *, temperature):
-  """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T])."""
+def policy_forward(model, batch, *, temperature, pack_groups: int = 0):
+  """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
+
+  With `pack_groups` > 0 the batch carries a `rljax.train.packing` layout (`pack_*` keys,
+  `pack_groups` groups): the transformer runs on the packed rows, the lm head and the
+  log-softmax on the gathered completion positions, with the same values as padded.
+  """
   tokens, positions, attention = full_sequence(batch)
-  return token_logprobs_and_entropy(
-      model, tokens, positions, attention,
-      prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
+  if not pack_groups:
+    return token_logprobs_and_entropy(
+        model, tokens, positions, attention,
+        prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
+  p_tokens, p_positions, p_valid, segment = packing.packed_inputs(tokens, positions, batch,
+                                                                   pack_groups)
+  hidden = model.hidden_states(p_tokens, positions=p_positions, attention_mask=p_valid,
+                               segment_ids=segment)
+  return logprobs_and_entropy_from_hidden(
+      packing.unpack_hidden(hidden, batch, pack_groups), batch["tokens"],
+      model.logits_from_hidden, temperature=temperature)
 
 
 def policy_sum_sq_forward(model, batch, *, temperature):
@@ -181,7 +201,8 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     `metrics[TOKEN_OUTPUTS]`, this micro-batch's old log-probs and entropies [b, T].
   """
   mask = batch["mask"].astype(jnp.float32)
-  logp, entropy = policy_forward(actor, batch, temperature=spec.temperature)
+  logp, entropy = policy_forward(actor, batch, temperature=spec.temperature,
+                                 pack_groups=spec.pack_groups)
   if spec.old_logp_from_update:
     # One update per rollout: the policy before this step is the one that is being
     # differentiated, so π_old = sg(π_θ) exactly (ratio 1, same gradient as recomputing).

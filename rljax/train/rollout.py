@@ -100,13 +100,15 @@ def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
 
 def score(ctx: RolloutContext, prompts, rows, n):
   """Decodes and scores this process's completions; then every process holds all B rows'
-  scores, accuracy, format, reward_failed, lengths, truncated and group_id (NumPy [B]).
+  scores, accuracy, format, reward_failed, lengths, prompt_lengths, truncated and group_id
+  (NumPy [B]).
   The sequence arrays stay global (`sample`)."""
   b = len(prompts) * n
   sharding, r = row_layout(ctx, b)
   local = parallel.local_rows(sharding, r)
   real = local[local < b]
-  tokens, mask = (parallel.to_local_rows(rows[k], real) for k in ("tokens", "mask"))
+  tokens, mask, prompt_mask = (parallel.to_local_rows(rows[k], real)
+                               for k in ("tokens", "mask", "prompt_mask"))
   texts = [ctx.tokenizer.decode(tokens[k][mask[k] > 0].tolist()) for k in range(len(real))]
   rewards = ctx.reward_fn([prompts[i // n] for i in real], texts)
   failed = np.zeros(len(real), np.int32)
@@ -116,7 +118,8 @@ def score(ctx: RolloutContext, prompts, rows, n):
           f"{failure.kind}: {failure.message}")
   per_row = dict(scores=rewards.total, accuracy=rewards.components["accuracy"],
                  format=rewards.components["format"], reward_failed=failed,
-                 lengths=mask.sum(axis=1).astype(np.int32))
+                 lengths=mask.sum(axis=1).astype(np.int32),
+                 prompt_lengths=prompt_mask.sum(axis=1).astype(np.int32))
   # every component, unweighted ("reward/<name>"): logged, and GDPO normalises each one
   per_row.update({f"{REWARD_PREFIX}{name}": v for name, v in rewards.components.items()})
   pad = len(local) - len(real)   # padding rows come last in `local`

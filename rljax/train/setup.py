@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -184,7 +185,8 @@ def build(config) -> Setup:
                        reward_fn=reward_fn, chat_template=config.task.chat_template, mesh=mesh)
   actor_graphdef, actor_state = nnx.split(actor)
   critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
-  spec = objective.loss_spec(config)
+  data_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
+  spec = objective.loss_spec(config, data_shards if config.algo.pack_sequences else 0)
   actor_tx = optimizer(config, config.optim.actor_lr)
   critic_tx = optimizer(config, config.optim.critic_lr)
   prompts = task.train_prompts()
