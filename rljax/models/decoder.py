@@ -167,7 +167,8 @@ class Decoder(nnx.Module):
     """
     return tuple(layer.fused_weights() for layer in self.layers)
 
-  def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask, fused=None):
+  def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask, fused=None,
+                    causal=True):
     """Like `forward_cached` but returns final-normed hidden states [B,S,D] instead of logits.
 
     Useful for prefill, where only the last position needs the lm head.
@@ -185,8 +186,9 @@ class Decoder(nnx.Module):
     cos, sin = rope_cos_sin(positions, self.cfg)
     start_b = jnp.broadcast_to(jnp.asarray(start), (b,))   # scalar or one start per row
     query_slot = start_b[:, None] + jnp.arange(s)  # [B,S]
-    causal = jnp.arange(s_max)[None, None, :] <= query_slot[:, :, None]  # [B,S,S_max]
-    mask_bst = causal & (kv_mask[:, None, :] > 0)  # [B,S,S_max]
+    mask_bst = kv_mask[:, None, :] > 0  # [B,S,S_max]
+    if causal:
+      mask_bst = mask_bst & (jnp.arange(s_max)[None, None, :] <= query_slot[:, :, None])
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
       x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
@@ -196,7 +198,7 @@ class Decoder(nnx.Module):
     return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
 
   def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask,
-                     fused=None):
+                     fused=None, causal=True):
     """Forward S new tokens against a KV cache (prefill: S = prompt length; decode: S = 1).
 
     Writes K/V of the new tokens into slots [start, start+S); query i attends slot j
@@ -210,9 +212,13 @@ class Decoder(nnx.Module):
         row (rows at different steps, as in the continuous-batching sampler).
       kv_mask: [B,S_max], 1 = slot holds a real token (including the new ones).
       fused: optional `fused_weights()` (same values, faster few-row steps).
+      causal: False drops the `j <= start + i` condition, so `kv_mask` alone says which
+        slots a query sees (slots in any order, e.g. a ring buffer: RoPE already encodes
+        each key's position).
     Returns:
       (logits float32 [B,S,V], updated cache).
     """
     hidden, cache = self.hidden_cached(
-        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask, fused=fused)
+        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask, fused=fused,
+        causal=causal)
     return self.logits_from_hidden(hidden), cache

@@ -18,6 +18,7 @@ log-probs whichever slot it ran in, and in either sampler (up to float summation
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import chex
@@ -25,8 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from rljax.models import KVCache
+from rljax.parallel import BATCH_AXES, batch_sharding
 from rljax.sampling import buckets
 from rljax.sampling.filters import row_uniforms, sample_tokens
 from rljax.sampling.params import SamplingParams
@@ -42,12 +45,19 @@ from rljax.sampling.sampler import (
 
 
 class _Slots(NamedTuple):
+  """Decode state. Cache columns [0, W) hold each slot's prompt; [W, W + T) are a ring
+  that every slot writes at the same column, W + clock % T, each decode step (one
+  `dynamic_update_slice` for all slots). A slot's j-th generated token sits at ring column
+  (birth + j) % T; attention reads the ring through a per-slot mask, and RoPE positions
+  are the tokens' own, so the column order does not matter."""
   cache: KVCache          # [S, K, Dh, W + T] keys, [S, K, W + T, Dh] values
-  request: jax.Array      # [S] request index in the slot, -1 = free
+  request: jax.Array      # [S] request (row) in the slot, -1 = free
   step: jax.Array         # [S] tokens generated so far by that request
   token: jax.Array        # [S] its last token
   prompt_len: jax.Array   # [S] real prompt tokens
   prompt_mask: jax.Array  # [S, W]
+  birth: jax.Array        # [S] clock of the slot request's first decode step
+  clock: jax.Array        # decode steps run so far
 
 
 class _Prefilled(NamedTuple):
@@ -58,13 +68,14 @@ class _Prefilled(NamedTuple):
   logits: jax.Array       # [1, V]
 
 
-def _prefill_prompt(model, tokens_bw, mask_bw, i, fused):
-  tokens = jax.lax.dynamic_index_in_dim(tokens_bw, i, keepdims=True)
-  mask = jax.lax.dynamic_index_in_dim(mask_bw, i, keepdims=True)
+def _prefill_row(model, tokens_rw, mask_rw, r, prompt_id, fused):
+  """Prefill of row r's prompt into a one-row cache, tagged with its prompt id."""
+  tokens = jax.lax.dynamic_index_in_dim(tokens_rw, r, keepdims=True)
+  mask = jax.lax.dynamic_index_in_dim(mask_rw, r, keepdims=True)
   positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
   logits, cache = _prefill(model, tokens, positions, model.init_cache(1, tokens.shape[1]),
                            mask, fused)
-  return _Prefilled(jnp.asarray(i, jnp.int32), cache.k, cache.v, logits)
+  return _Prefilled(jnp.asarray(prompt_id, jnp.int32), cache.k, cache.v, logits)
 
 
 def _write_slot(cache: KVCache, buf: _Prefilled, s):
@@ -73,90 +84,110 @@ def _write_slot(cache: KVCache, buf: _Prefilled, s):
   return KVCache(tuple(map(put, cache.k, buf.k)), tuple(map(put, cache.v, buf.v)))
 
 
-def _continuous(graphdef, state, tokens_bw, mask_bw, num_requests, rng, scalars_3, *,
-                spec, n: int, slots: int, requests: int, share_prefill: bool) -> _Decoded:
-  """The slot loop. Traced once per (shapes, spec, n, slots, share_prefill)."""
-  buckets._note_trace()
-  model = nnx.merge(graphdef, state)
-  w, t_max = tokens_bw.shape[1], spec.max_new_tokens
+def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng, scalars_3,
+              *, spec, slots: int, total_requests: int, share_prefill: bool) -> _Decoded:
+  """Decodes R rows (requests) through `slots` slots; the body of the sampler's program.
+
+  Args:
+    tokens_rw, mask_rw: int [R, W] the requests' prompts, left-padded (a prompt repeated
+      for its n samples).
+    prompt_id_r: int [R]; consecutive requests with the same id share one prefill.
+    request_id_r: int [R], each request's global index: its draws are the static sampler's
+      for that row (`row_uniforms(fold_in(rng, t), total_requests)[request_id]`).
+    num_rows: the first `num_rows` rows are real (the rest stay empty).
+  Returns:
+    `_Decoded` with R rows.
+  """
+  model_w, t_max = tokens_rw.shape[1], spec.max_new_tokens
+  requests = tokens_rw.shape[0]
   fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
   draw = functools.partial(
       sample_tokens, key=None, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
       top_p=scalars_3[1] if spec.use_top_p else None,
       min_p=scalars_3[2] if spec.use_min_p else None)
-  if spec.greedy:
-    uniform_tr = jnp.zeros((t_max, requests), jnp.float32)
-  else:   # the static sampler's draws: step t of request r reads [t, r]
-    uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t), requests))(
+  if not spec.greedy:   # the static sampler's draws: step t of request r reads [t, r]
+    uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t), total_requests))(
         jnp.arange(t_max))
 
-  def sample(logits_sv, step_s, request_s):
-    u = uniform_tr[jnp.clip(step_s, 0, t_max - 1), jnp.clip(request_s, 0, requests - 1)]
-    return draw(logits_sv, uniform_b=None if spec.greedy else u)
+  def sample(logits_sv, step_s, row_s):
+    if spec.greedy:
+      return draw(logits_sv, uniform_b=None)
+    global_s = request_id_r[jnp.clip(row_s, 0, requests - 1)]
+    return draw(logits_sv, uniform_b=uniform_tr[jnp.clip(step_s, 0, t_max - 1), global_s])
 
-  def record(out, request_s, step_s, tok_s, logp_s, logp_full_s, live_s, truncated_s):
-    """Writes column step_s of rows request_s where live_s (others are dropped)."""
-    row = jnp.where(live_s, request_s, requests)   # out of range: dropped
+  def record(out, row_s, step_s, tok_s, logp_s, logp_full_s, live_s, truncated_s):
+    """Writes column step_s of rows row_s where live_s (the others are dropped)."""
+    row = jnp.where(live_s, row_s, requests)   # out of range: dropped
     put = lambda buf, x: buf.at[row, step_s].set(x.astype(buf.dtype), mode="drop")  # noqa: E731
     return _Decoded(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
                     logp=put(out.logp, logp_s), logp_full=put(out.logp_full, logp_full_s),
                     truncated=out.truncated.at[row].set(truncated_s, mode="drop"))
 
   def insert(carry):
-    sl, buf, next_req, out = carry
+    sl, buf, next_row, out = carry
     s = jnp.argmax(sl.request < 0)
-    r, i = next_req, next_req // n
+    r = next_row
+    pid = prompt_id_r[r]
     if share_prefill:
-      buf = jax.lax.cond(buf.prompt == i, lambda: buf,
-                         lambda: _prefill_prompt(model, tokens_bw, mask_bw, i, fused))
+      buf = jax.lax.cond(buf.prompt == pid, lambda: buf,
+                         lambda: _prefill_row(model, tokens_rw, mask_rw, r, pid, fused))
     else:
-      buf = _prefill_prompt(model, tokens_bw, mask_bw, i, fused)
+      buf = _prefill_row(model, tokens_rw, mask_rw, r, pid, fused)
     tok, logp, logp_full = sample(buf.logits, jnp.zeros((1,), jnp.int32), r[None])
-    alive = ~_is_stop(tok, spec.stop_tokens) & (t_max > 1)
+    stop = _is_stop(tok, spec.stop_tokens)
+    alive = ~stop & (t_max > 1)
     out = record(out, r[None], jnp.zeros((1,), jnp.int32), tok, logp, logp_full,
-                 jnp.ones((1,), bool), ~_is_stop(tok, spec.stop_tokens))
-    mask_w = jax.lax.dynamic_index_in_dim(mask_bw, i, keepdims=False)
+                 jnp.ones((1,), bool), ~stop)
+    mask_w = jax.lax.dynamic_index_in_dim(mask_rw, r, keepdims=False)
     sl = _Slots(cache=_write_slot(sl.cache, buf, s),
                 request=sl.request.at[s].set(jnp.where(alive[0], r, -1)),
                 step=sl.step.at[s].set(1), token=sl.token.at[s].set(tok[0]),
                 prompt_len=sl.prompt_len.at[s].set(jnp.sum(mask_w)),
-                prompt_mask=sl.prompt_mask.at[s].set(mask_w))
-    return sl, buf, next_req + 1, out
+                prompt_mask=sl.prompt_mask.at[s].set(mask_w),
+                birth=sl.birth.at[s].set(sl.clock), clock=sl.clock)
+    return sl, buf, next_row + 1, out
 
   def decode(carry):
-    sl, buf, next_req, out = carry
+    sl, buf, next_row, out = carry
     live = sl.request >= 0
-    kv_mask = jnp.concatenate(
-        [sl.prompt_mask, (jnp.arange(t_max)[None, :] < sl.step[:, None]).astype(jnp.int32)],
-        axis=1)
-    start = jnp.where(live, w + sl.step - 1, w)   # a free slot writes harmlessly at w
+    # ring column i holds the slot's token (i - birth) % T: valid while that is < step
+    ring = jnp.mod(jnp.arange(t_max)[None, :] - sl.birth[:, None], t_max) < sl.step[:, None]
+    kv_mask = jnp.concatenate([sl.prompt_mask, ring.astype(sl.prompt_mask.dtype)], axis=1)
     logits, cache = model.forward_cached(
         sl.token[:, None], positions=(sl.prompt_len + sl.step - 1)[:, None], cache=sl.cache,
-        start=start, kv_mask=kv_mask, **fused)
+        start=model_w + jnp.mod(sl.clock, t_max), kv_mask=kv_mask, causal=False, **fused)
     tok, logp, logp_full = sample(logits[:, 0], sl.step, sl.request)
     stop = _is_stop(tok, spec.stop_tokens)
     out = record(out, sl.request, sl.step, tok, logp, logp_full, live, ~stop)
     finished = stop | (sl.step + 1 >= t_max)
     sl = sl._replace(cache=cache, request=jnp.where(live & finished, -1, sl.request),
                      step=jnp.where(live, sl.step + 1, sl.step),
-                     token=jnp.where(live, tok, sl.token))
-    return sl, buf, next_req, out
+                     token=jnp.where(live, tok, sl.token), clock=sl.clock + 1)
+    return sl, buf, next_row, out
 
-  def body(carry):
-    sl, _, next_req, _ = carry
-    can_insert = jnp.any(sl.request < 0) & (next_req < num_requests)
-    return jax.lax.cond(can_insert, insert, decode, carry)
+  def can_insert(carry):
+    sl, _, next_row, _ = carry
+    return jnp.any(sl.request < 0) & (next_row < num_rows)
 
-  def cond(carry):
-    sl, _, next_req, _ = carry
-    return (next_req < num_requests) | jnp.any(sl.request >= 0)
+  def body(carry):   # fill every free slot, then one decode step for all slots
+    return decode(jax.lax.while_loop(can_insert, insert, carry))
 
-  cache = model.init_cache(slots, w + t_max)
-  sl = _Slots(cache=cache, request=jnp.full((slots,), -1, jnp.int32),
+  def cond(carry, size):
+    """Keep decoding at this many slots while requests wait, or while more than half of
+    them are live (at the smallest size: while any is)."""
+    sl, _, next_row, _ = carry
+    live = jnp.sum(sl.request >= 0)
+    if size == sizes[-1]:
+      return (next_row < num_rows) | (live > 0)
+    return (next_row < num_rows) | (live > size // 2)
+
+  sl = _Slots(cache=model.init_cache(slots, model_w + t_max),
+              request=jnp.full((slots,), -1, jnp.int32),
               step=jnp.zeros((slots,), jnp.int32), token=jnp.zeros((slots,), jnp.int32),
               prompt_len=jnp.zeros((slots,), jnp.int32),
-              prompt_mask=jnp.zeros((slots, w), mask_bw.dtype))
-  buf = jax.eval_shape(lambda: _prefill_prompt(model, tokens_bw, mask_bw, 0, fused))
+              prompt_mask=jnp.zeros((slots, model_w), mask_rw.dtype),
+              birth=jnp.zeros((slots,), jnp.int32), clock=jnp.int32(0))
+  buf = jax.eval_shape(lambda: _prefill_row(model, tokens_rw, mask_rw, 0, 0, fused))
   buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), buf)._replace(
       prompt=jnp.asarray(-1, jnp.int32))
   out = _Decoded(tokens=jnp.full((requests, t_max), spec.pad_id, jnp.int32),
@@ -164,37 +195,92 @@ def _continuous(graphdef, state, tokens_bw, mask_bw, num_requests, rng, scalars_
                  logp=jnp.zeros((requests, t_max), jnp.float32),
                  logp_full=jnp.zeros((requests, t_max), jnp.float32),
                  truncated=jnp.zeros((requests,), bool))
-  _, _, _, out = jax.lax.while_loop(cond, body, (sl, buf, jnp.int32(0), out))
-  return out
+  # Once the queue is empty, the tail: live slots are moved to the front and decoding
+  # continues on half as many (a smaller program; at most DRAIN_LEVELS of them), so the
+  # few longest requests do not pay for a full batch of finished slots.
+  sizes = [slots]
+  while len(sizes) < DRAIN_LEVELS and sizes[-1] > 1:
+    sizes.append(sizes[-1] // 2)
+  carry = (sl, buf, jnp.int32(0), out)
+  for i, size in enumerate(sizes):
+    if i:
+      carry = (_compact(carry[0], size),) + carry[1:]
+    carry = jax.lax.while_loop(functools.partial(cond, size=size), body, carry)
+  return carry[3]
+
+
+# Slot counts the drain phase steps through (slots, slots/2, ...): each is another copy of
+# the decode step in the program, hence the cap.
+DRAIN_LEVELS = 4
+
+
+def _compact(sl: _Slots, size: int) -> _Slots:
+  """The first `size` slots after moving the live ones to the front (stable)."""
+  order = jnp.argsort(sl.request < 0, stable=True)[:size]
+  take = lambda x: jnp.take(x, order, axis=0)  # noqa: E731
+  return _Slots(cache=jax.tree.map(take, sl.cache), request=take(sl.request),
+                step=take(sl.step), token=take(sl.token), prompt_len=take(sl.prompt_len),
+                prompt_mask=take(sl.prompt_mask), birth=take(sl.birth), clock=sl.clock)
+
+
+def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, num_rows, rng, scalars_3, *,
+                spec, slots: int, share_prefill: bool, mesh=None) -> _Decoded:
+  """The slot loop as one program; with a mesh, one independent loop per batch shard
+  (`shard_map`: each shard decodes its own rows through slots / shards slots)."""
+  buckets._note_trace()
+  total = tokens_rw.shape[0]
+  request_id = jnp.arange(total, dtype=jnp.int32)
+  kwargs = dict(spec=spec, total_requests=total, share_prefill=share_prefill)
+  if mesh is None:
+    return slot_loop(nnx.merge(graphdef, state), tokens_rw, mask_rw, prompt_id_r, request_id,
+                     num_rows, rng, scalars_3, slots=slots, **kwargs)
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  shards = math.prod(mesh.shape[a] for a in axes)
+  rows = P(axes)
+  per_shard = total // shards
+
+  def local(state, tokens, mask, prompt_id, request_id, num_rows, rng, scalars_3):
+    first = request_id[0]
+    real = jnp.clip(num_rows - first, 0, per_shard)
+    return slot_loop(nnx.merge(graphdef, state), tokens, mask, prompt_id, request_id, real,
+                     rng, scalars_3, slots=slots // shards, **kwargs)
+  state_spec = jax.tree.map(lambda _: P(), state)
+  out_spec = _Decoded(*([rows] * 5))
+  return jax.shard_map(local, mesh=mesh,
+                       in_specs=(state_spec, rows, rows, rows, rows, P(), P(), P()),
+                       out_specs=out_spec, check_vma=False)(
+      state, tokens_rw, mask_rw, prompt_id_r, request_id, num_rows, rng, scalars_3)
 
 
 _continuous_jit = jax.jit(_continuous, static_argnums=(0,),
-                          static_argnames=("spec", "n", "slots", "requests", "share_prefill"))
+                          static_argnames=("spec", "slots", "share_prefill", "mesh"))
 
 
-def continuous_rows(model, tokens_bw, mask_bw, *, sampling: SamplingParams, rng, slots: int,
-                    num_requests=None, share_prefill: bool = True, pad_id: int = 0,
-                    sampler_dtype=None) -> _Decoded:
-  """The slot loop on prompts already padded to a bucket; returns all B·n rows.
+def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng, slots: int,
+                    num_rows=None, share_prefill: bool = True, pad_id: int = 0,
+                    sampler_dtype=None, mesh=None) -> _Decoded:
+  """The continuous-batching counterpart of `rljax.sampling.generate_rows`: prompt rows
+  already repeated (each prompt's `sampling.n` samples consecutive), padded and placed.
 
   Args:
-    tokens_bw, mask_bw: int [B, W] unique prompts, left-padded (bucket rows may be padding).
-    sampling: `SamplingParams`; `sampling.n` samples per prompt (requests are prompt-major).
-    rng: the PRNG key (same draws as the static sampler's rows).
-    slots: S, the decode batch.
-    num_requests: how many of the B·n requests are real (default all); the rest stay
-      empty (pad tokens, mask 0).
-    share_prefill: prefill each prompt once for its n samples (else once per request).
+    tokens_rw, mask_rw: int [R, W], left-padded; R a multiple of the mesh's batch shards.
+    slots: S decode slots in all (S / shards per shard with a mesh).
+    num_rows: the first `num_rows` rows are real (default R).
+    share_prefill: rows r with the same r // n share one prefill.
+    mesh: rows sharded over its batch axes; each shard runs its own slot loop.
   Returns:
-    `_Decoded` (tokens, mask, logp, logp_full [B·n, T]; truncated [B·n]).
+    `_Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
   graphdef, state = _split(model, sampler_dtype)
   spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
-  requests = tokens_bw.shape[0] * sampling.n
-  num = requests if num_requests is None else num_requests
-  return _continuous_jit(graphdef, state, jnp.asarray(tokens_bw), jnp.asarray(mask_bw),
-                         jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec, n=sampling.n,
-                         slots=int(slots), requests=requests, share_prefill=share_prefill)
+  total = tokens_rw.shape[0]
+  prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n
+  if mesh is not None:
+    prompt_id = jax.device_put(prompt_id, batch_sharding(mesh))
+  num = total if num_rows is None else num_rows
+  return _continuous_jit(graphdef, state, tokens_rw, mask_rw, prompt_id,
+                         jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec,
+                         slots=int(slots), share_prefill=share_prefill, mesh=mesh)
 
 
 def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
@@ -225,8 +311,9 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
                                            pad_id=pad_id)
   n = sampling.n
   slots = min(int(slots), b * n)
-  out = continuous_rows(model, tokens_bw, mask_bw, sampling=sampling, rng=rng, slots=slots,
-                        num_requests=b * n, share_prefill=share_prefill, pad_id=pad_id,
+  out = continuous_rows(model, np.repeat(tokens_bw, n, 0), np.repeat(mask_bw, n, 0),
+                        sampling=sampling, rng=rng, slots=slots, num_rows=b * n,
+                        share_prefill=share_prefill, pad_id=pad_id,
                         sampler_dtype=sampler_dtype)
   if rows != b:
     out = jax.tree.map(lambda x: x[:b * n], out)

@@ -143,6 +143,11 @@ def _sampling() -> ConfigDict:
       top_p=1.0,
       min_p=0.0,
       sampler_dtype="",        # "" (same as training) or "bfloat16": a real train-inference gap
+      # continuous batching (rljax.sampling.continuous): `slots` decode slots (0: half the
+      # rows) refilled as rows finish; same tokens as the static sampler, request by request
+      continuous=True,
+      slots=0,
+      share_prefill=True,      # prefill each prompt once for its n samples (both samplers)
       eval_n=4,                # samples per held-out prompt for pass@k / avg@k
       eval_temperature=1.0,
   ))

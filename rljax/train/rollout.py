@@ -22,6 +22,7 @@ from rljax.data.batching import left_pad
 from rljax.data.buffer import DynamicSamplingBuffer, DynamicSamplingError
 from rljax.parallel import BATCH_AXES, batch_sharding
 from rljax.sampling import SamplingParams, buckets, generate_rows
+from rljax.sampling.continuous import continuous_rows
 
 REWARD_PREFIX = "reward/"   # row keys of the unweighted reward components
 
@@ -46,6 +47,9 @@ class RolloutContext:
   reward_fn: object          # rljax.rewards.base.Composite: (prompts, texts) -> ComposedRewards
   chat_template: bool = False
   mesh: object = None        # rows are split over its batch axes (None: one device)
+  continuous: bool = False   # continuous batching (rljax.sampling.continuous) ...
+  slots: int = 0             # ... over this many decode slots (0: half the rows)
+  share_prefill: bool = True  # one prefill per prompt for its n samples
 
   def prompt_ids(self, prompt):
     """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""
@@ -90,12 +94,26 @@ def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
   pad = lambda width, pad_id: buckets.pad_prompts(  # noqa: E731
       tokens, mask, rows=len(local), width=width, pad_id=pad_id)
   # The sampler's own prompt bucket and pad id, as `generate` uses them.
-  out = generate_rows(model, *map(put, pad(buckets.round_up(p, "pow2"), 0)),
-                      sampling=sampling, rng=rng)
+  rows_in = map(put, pad(buckets.round_up(p, "pow2"), 0))
+  if ctx.continuous:
+    shards = 1 if ctx.mesh is None else math.prod(ctx.mesh.shape[a] for a in BATCH_AXES)
+    out = continuous_rows(model, *rows_in, sampling=sampling, rng=rng,
+                          slots=decode_slots(ctx.slots, r, shards), num_rows=b,
+                          share_prefill=ctx.share_prefill, mesh=ctx.mesh)
+  else:
+    out = generate_rows(model, *rows_in, sampling=sampling, rng=rng,
+                        share_prefill=ctx.share_prefill)
   prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
   return jax.device_put({
       "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,
       "mask": out.mask, "sampler_logp": out.logp, "truncated": out.truncated}, sharding)
+
+
+def decode_slots(slots: int, rows: int, shards: int) -> int:
+  """Slots of one continuous-batching call: `slots` (0: half the rows), at most the rows,
+  a multiple of the batch shards."""
+  want = slots or max(1, rows // 2)
+  return max(shards, min(rows, want) // shards * shards)
 
 
 def score(ctx: RolloutContext, prompts, rows, n):

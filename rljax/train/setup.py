@@ -182,7 +182,9 @@ def build(config) -> Setup:
                             stop_tokens=(tokenizer.eos_id,))
   reward_fn = task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
-                       reward_fn=reward_fn, chat_template=config.task.chat_template, mesh=mesh)
+                       reward_fn=reward_fn, chat_template=config.task.chat_template, mesh=mesh,
+                       continuous=bool(s.continuous), slots=int(s.slots),
+                       share_prefill=bool(s.share_prefill))
   actor_graphdef, actor_state = nnx.split(actor)
   critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
   data_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
