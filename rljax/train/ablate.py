@@ -135,9 +135,15 @@ def overlay_plot(run_dirs, out_path):
   for name, dirs in run_dirs.items():
     dirs = [dirs] if isinstance(dirs, (str, pathlib.Path)) else dirs
     records = [metrics.read_metrics(d) for d in dirs]
+    results = [_result(d) for d in dirs]
     for ax, (_, key) in zip(axes, _CURVES):
       per_seed = [dict((r["iteration"], r[key]) for r in recs
                        if isinstance(r.get(key), (int, float))) for recs in records]
+      if key == "eval/accuracy":   # the evaluations before (iteration 0) and after RL
+        for points, res, recs in zip(per_seed, results, records):
+          if res:
+            points[0] = res["heldout_acc_before"]
+            points[max((r["iteration"] for r in recs), default=0)] = res["heldout_acc_after"]
       its = sorted(set.intersection(*(set(p) for p in per_seed))) if per_seed else []
       if its:
         ax.plot(its, [np.mean([p[i] for p in per_seed]) for i in its], label=name)
@@ -149,6 +155,12 @@ def overlay_plot(run_dirs, out_path):
   fig.tight_layout()
   fig.savefig(out_path, dpi=80)
   plt.close(fig)
+
+
+def _result(run_dir):
+  """The run's result.json as a dict ({} when it has none)."""
+  path = pathlib.Path(run_dir) / "result.json"
+  return json.loads(path.read_text()) if path.exists() else {}
 
 
 def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None):

@@ -1,0 +1,140 @@
+"""Packed vs padded update step on a rollout batch with long-tailed lengths.
+
+The trainer's real update step (`rljax.train.update.build_update_step`, GRPO loss, AdamW)
+on the PERF_NOTES model shape (vocab 512, width 256, MLP 768, 4 layers, 4 heads x 64, 2 KV
+heads): 64 sequences of a 32-token prompt bucket (real prompts 16-32 tokens) and up to 256
+completion tokens, completion lengths geometric with mean ~0.3 of the budget (mean/max
+of the whole sequences <= 0.4). `algo.pack_sequences=True` packs the real tokens into
+rows of P + T (`rljax.train.packing`); False computes the padded [64, P + T]. Both sides
+alternate call by call in one process (medians over `--reps`); peak memory is XLA's
+`memory_analysis()` of each compiled step (arguments + outputs + temporaries - donated).
+The packed step's losses equal the padded one's (checked here on the first call, and in
+tests/test_train_packing.py for every aggregation mode).
+
+    python benchmarks/packing.py [--reps 5]
+
+Last line: RESULT {"metric": "update_tokens_per_s", "rljax": <packed>, "peer": <padded>,
+"ratio": ..., "peak_mb_packed": ..., "peak_mb_padded": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+ROWS, PROMPT, COMPLETION = 64, 32, 256
+
+
+def _setup(pack: bool):
+  from rljax.train import setup as setup_lib
+  from rljax.train.config import load_config
+  over = {"model.vocab_size": 512, "model.hidden_size": 256, "model.intermediate_size": 768,
+          "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
+          "model.head_dim": 64, "model.max_position_embeddings": 1024,
+          "sampling.max_new_tokens": COMPLETION, "sampling.prompts_per_iteration": 8,
+          "sampling.n": 8, "algo.minibatches": 1, "algo.epochs": 1, "parallel.num_devices": 1,
+          "sft.steps": 0, "algo.pack_sequences": pack,
+          "run.dir": tempfile.mkdtemp(prefix="rljax-pack-")}
+  config = load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
+  setup = setup_lib.build(config)
+  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=False)
+  setup_lib.compile_update(setup, state)
+  return setup, state
+
+
+def _batch(rng):
+  import numpy as np
+  p_len = rng.integers(16, PROMPT + 1, ROWS)
+  c_len = np.minimum(rng.geometric(1 / (0.3 * COMPLETION), ROWS), COMPLETION)
+  pm = (np.arange(PROMPT)[None] >= PROMPT - p_len[:, None]).astype(np.int32)
+  cm = (np.arange(COMPLETION)[None] < c_len[:, None]).astype(np.int32)
+  f32 = lambda x: x.astype(np.float32)  # noqa: E731
+  batch = {"prompt_tokens": (rng.integers(3, 512, (ROWS, PROMPT)) * pm).astype(np.int32),
+           "prompt_mask": pm, "tokens": rng.integers(3, 512, (ROWS, COMPLETION)).astype(np.int32),
+           "mask": cm, "old_logp": f32(np.log(rng.uniform(0.001, 0.01, cm.shape)) * cm),
+           "ref_logp": f32(np.zeros(cm.shape)),
+           "advantages": f32(rng.normal(size=ROWS)[:, None] * cm),
+           "returns": f32(np.zeros(cm.shape)), "old_values": f32(np.zeros(cm.shape)),
+           "token_weights": f32(np.ones(cm.shape)), "is_weights": f32(np.ones(cm.shape)),
+           "rng": np.zeros((ROWS, 2), np.uint32), "kl_coef": np.float32(0.0)}
+  return batch, p_len, c_len
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--reps", type=int, default=5)
+  args = ap.parse_args()
+  sys.path.insert(0, ROOT)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from rljax.train.iteration import pack_batch
+
+  load_before = os.getloadavg()[0]
+  rng = np.random.default_rng(0)
+  batch, p_len, c_len = _batch(rng)
+  real = int((p_len + c_len).sum())
+  sides = {}
+  for name, pack in (("packed", True), ("padded", False)):
+    setup, state = _setup(pack)
+    mb = {k: jnp.asarray(v) for k, v in batch.items()}
+    if pack:
+      mb.update(pack_batch(setup, {"prompt_lengths": p_len, "lengths": c_len}, COMPLETION,
+                           PROMPT))
+    train = jnp.asarray(True)
+    compiled = setup.update_step.lower(state, mb, train).compile()
+    m = compiled.memory_analysis()
+    peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+            - m.alias_size_in_bytes)
+    sides[name] = {"setup": setup, "state": state, "mb": mb, "peak": peak, "times": [],
+                   "rows": int(mb["pack_src"].shape[0]) if pack else ROWS}
+  losses = {}
+  for i in range(args.reps + 1):
+    for name in (("packed", "padded") if i % 2 == 0 else ("padded", "packed")):
+      side = sides[name]
+      # the same starting state every call (the step donates its input state)
+      state = jax.tree.map(jnp.copy, side["state"])
+      jax.block_until_ready(state)
+      t0 = time.perf_counter()
+      _, metrics = side["setup"].update_step(state, side["mb"], jnp.asarray(True))
+      jax.block_until_ready(metrics)
+      dt = time.perf_counter() - t0
+      if i:
+        side["times"].append(dt)
+      else:
+        losses[name] = float(metrics["loss"])
+  np.testing.assert_allclose(losses["packed"], losses["padded"], rtol=1e-4)
+  med = {k: statistics.median(v["times"]) for k, v in sides.items()}
+  rate = {k: real / med[k] for k in sides}
+  mb = 2 ** 20
+  result = {"metric": "update_tokens_per_s", "rljax": round(rate["packed"]),
+            "peer": round(rate["padded"]), "ratio": round(rate["packed"] / rate["padded"], 2),
+            "packed_s_median": round(med["packed"], 3), "padded_s_median": round(med["padded"], 3),
+            "packed_min_max": [round(min(sides["packed"]["times"]), 3),
+                               round(max(sides["packed"]["times"]), 3)],
+            "padded_min_max": [round(min(sides["padded"]["times"]), 3),
+                               round(max(sides["padded"]["times"]), 3)],
+            "peak_mb_packed": round(sides["packed"]["peak"] / mb),
+            "peak_mb_padded": round(sides["padded"]["peak"] / mb),
+            "rows_packed": sides["packed"]["rows"], "rows_padded": ROWS,
+            "real_tokens": real, "padded_tokens": ROWS * (PROMPT + COMPLETION),
+            "mean_over_max_length": round(real / ROWS / (PROMPT + COMPLETION), 3),
+            "loss_packed_padded": [losses["packed"], losses["padded"]],
+            "load_avg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+  print(f"{real} real of {ROWS * (PROMPT + COMPLETION)} padded tokens "
+        f"(mean/max {result['mean_over_max_length']}); packed into {result['rows_packed']} rows")
+  for k in sides:
+    print(f"{k:>7}: {med[k]:.3f} s/step, {rate[k]:,.0f} real tokens/s, "
+          f"peak {sides[k]['peak'] / mb:,.0f} MB")
+  print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+  main()
