@@ -41,6 +41,7 @@ from rljax.sampling.sampler import (
     _prefill,
     _spec_and_scalars,
     _split,
+    decode_segments,
 )
 
 
@@ -88,6 +89,13 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
               *, spec, slots: int, total_requests: int, share_prefill: bool) -> _Decoded:
   """Decodes R rows (requests) through `slots` slots; the body of the sampler's program.
 
+  With slots < R, requests wait in a queue and are inserted as slots free. With slots ≥ R
+  every request is resident from the start: the static sampler's batched prefill and
+  segmented decode run until half the rows have finished, then the drain takes over.
+  Either way, once nothing waits, live slots are compacted onto half as many slots each
+  time at most half of them are live (`DRAIN_LEVELS` sizes), so the longest requests do
+  not pay for a batch of finished ones.
+
   Args:
     tokens_rw, mask_rw: int [R, W] the requests' prompts, left-padded (a prompt repeated
       for its n samples).
@@ -98,47 +106,121 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
   Returns:
     `_Decoded` with R rows.
   """
-  model_w, t_max = tokens_rw.shape[1], spec.max_new_tokens
   requests = tokens_rw.shape[0]
-  fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
-  draw = functools.partial(
-      sample_tokens, key=None, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
-      top_p=scalars_3[1] if spec.use_top_p else None,
-      min_p=scalars_3[2] if spec.use_min_p else None)
-  if not spec.greedy:   # the static sampler's draws: step t of request r reads [t, r]
-    uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t), total_requests))(
-        jnp.arange(t_max))
+  m = _Machinery(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng,
+                 scalars_3, spec=spec, total_requests=total_requests,
+                 share_prefill=share_prefill)
+  if slots >= requests:
+    carry, size = m.resident(), requests // 2
+  else:
+    carry, size = m.queue(slots), slots
+  sizes = [size] if size >= 1 else []
+  while sizes and len(sizes) < DRAIN_LEVELS and sizes[-1] > 1:
+    sizes.append(sizes[-1] // 2)
+  for i, size in enumerate(sizes):
+    if i or slots >= requests:
+      carry = (_compact(carry[0], size),) + carry[1:]
+    carry = jax.lax.while_loop(functools.partial(m.more, size=size, last=size == sizes[-1]),
+                               m.body, carry)
+  return carry[3]
 
-  def sample(logits_sv, step_s, row_s):
-    if spec.greedy:
-      return draw(logits_sv, uniform_b=None)
-    global_s = request_id_r[jnp.clip(row_s, 0, requests - 1)]
-    return draw(logits_sv, uniform_b=uniform_tr[jnp.clip(step_s, 0, t_max - 1), global_s])
 
-  def record(out, row_s, step_s, tok_s, logp_s, logp_full_s, live_s, truncated_s):
+class _Machinery:
+  """The pieces of the slot loop over one set of requests (see `slot_loop`)."""
+
+  def __init__(self, model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng,
+               scalars_3, *, spec, total_requests, share_prefill):
+    self.model, self.tokens_rw, self.mask_rw = model, tokens_rw, mask_rw
+    self.prompt_id_r, self.request_id_r, self.num_rows = prompt_id_r, request_id_r, num_rows
+    self.spec, self.share_prefill = spec, share_prefill
+    self.requests, self.width = tokens_rw.shape
+    self.t_max = spec.max_new_tokens
+    self.fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
+    self.draw = functools.partial(
+        sample_tokens, key=None, temperature=scalars_3[0], greedy=spec.greedy,
+        top_k=spec.top_k, top_p=scalars_3[1] if spec.use_top_p else None,
+        min_p=scalars_3[2] if spec.use_min_p else None)
+    if not spec.greedy:   # the static sampler's draws: step t of request r reads [t, r]
+      self.uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t),
+                                                        total_requests))(jnp.arange(self.t_max))
+
+  def sample(self, logits_sv, step_s, row_s):
+    if self.spec.greedy:
+      return self.draw(logits_sv, uniform_b=None)
+    global_s = self.request_id_r[jnp.clip(row_s, 0, self.requests - 1)]
+    return self.draw(logits_sv,
+                     uniform_b=self.uniform_tr[jnp.clip(step_s, 0, self.t_max - 1), global_s])
+
+  def record(self, out, row_s, step_s, tok_s, logp_s, logp_full_s, live_s, truncated_s):
     """Writes column step_s of rows row_s where live_s (the others are dropped)."""
-    row = jnp.where(live_s, row_s, requests)   # out of range: dropped
+    row = jnp.where(live_s, row_s, self.requests)   # out of range: dropped
     put = lambda buf, x: buf.at[row, step_s].set(x.astype(buf.dtype), mode="drop")  # noqa: E731
     return _Decoded(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
                     logp=put(out.logp, logp_s), logp_full=put(out.logp_full, logp_full_s),
                     truncated=out.truncated.at[row].set(truncated_s, mode="drop"))
 
-  def insert(carry):
+  def empty(self, slots):
+    """Free slots, no prefilled prompt, empty outputs: the queue loop's start."""
+    sl = _Slots(cache=self.model.init_cache(slots, self.width + self.t_max),
+                request=jnp.full((slots,), -1, jnp.int32),
+                step=jnp.zeros((slots,), jnp.int32), token=jnp.zeros((slots,), jnp.int32),
+                prompt_len=jnp.zeros((slots,), jnp.int32),
+                prompt_mask=jnp.zeros((slots, self.width), self.mask_rw.dtype),
+                birth=jnp.zeros((slots,), jnp.int32), clock=jnp.int32(0))
+    buf = jax.eval_shape(lambda: _prefill_row(self.model, self.tokens_rw, self.mask_rw, 0, 0,
+                                              self.fused))
+    buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), buf)._replace(
+        prompt=jnp.asarray(-1, jnp.int32))
+    r, t = self.requests, self.t_max
+    out = _Decoded(tokens=jnp.full((r, t), self.spec.pad_id, jnp.int32),
+                   mask=jnp.zeros((r, t), jnp.int32), logp=jnp.zeros((r, t), jnp.float32),
+                   logp_full=jnp.zeros((r, t), jnp.float32), truncated=jnp.zeros((r,), bool))
+    return sl, buf, out
+
+  def queue(self, slots):
+    """Requests wait for free slots: fill, decode one step, repeat until none waits."""
+    sl, buf, out = self.empty(slots)
+    waiting = lambda c: c[2] < self.num_rows  # noqa: E731
+    return jax.lax.while_loop(waiting, self.body, (sl, buf, jnp.int32(0), out))
+
+  def resident(self):
+    """Every request in its own row from the start: the static sampler's batched (shared)
+    prefill and segmented decode until at most half of them are live, as slots."""
+    rows = jnp.arange(self.requests)
+    step = lambda t, logits: self.sample(logits, jnp.full((self.requests,), t), rows)  # noqa: E731
+    group = self.spec.group
+    spec = self.spec._replace(group=group if group > 1 and self.requests % group == 0 else 1)
+    t, tok, cache, out = decode_segments(self.model, self.tokens_rw, self.mask_rw, step, spec,
+                                         live_limit=self.requests // 2)
+    real = rows < self.num_rows
+    _, _, empty = self.empty(1)   # padding rows (beyond num_rows) stay empty
+    out = jax.tree.map(lambda x, e: jnp.where(real.reshape((-1,) + (1,) * (x.ndim - 1)), x, e),
+                       out, empty)
+    # token j of row r sits at column W + j: the ring layout with birth 0, clock t - 1
+    sl = _Slots(cache=cache.grow(self.width + self.t_max),
+                request=jnp.where(out.truncated, rows, -1).astype(jnp.int32),
+                step=jnp.full((self.requests,), t, jnp.int32), token=tok,
+                prompt_len=jnp.sum(self.mask_rw, axis=-1).astype(jnp.int32),
+                prompt_mask=self.mask_rw, birth=jnp.zeros((self.requests,), jnp.int32),
+                clock=t - 1)
+    _, buf, _ = self.empty(1)
+    return sl, buf, jnp.asarray(self.num_rows, jnp.int32), out
+
+  def insert(self, carry):
     sl, buf, next_row, out = carry
     s = jnp.argmax(sl.request < 0)
     r = next_row
-    pid = prompt_id_r[r]
-    if share_prefill:
-      buf = jax.lax.cond(buf.prompt == pid, lambda: buf,
-                         lambda: _prefill_row(model, tokens_rw, mask_rw, r, pid, fused))
-    else:
-      buf = _prefill_row(model, tokens_rw, mask_rw, r, pid, fused)
-    tok, logp, logp_full = sample(buf.logits, jnp.zeros((1,), jnp.int32), r[None])
-    stop = _is_stop(tok, spec.stop_tokens)
-    alive = ~stop & (t_max > 1)
-    out = record(out, r[None], jnp.zeros((1,), jnp.int32), tok, logp, logp_full,
-                 jnp.ones((1,), bool), ~stop)
-    mask_w = jax.lax.dynamic_index_in_dim(mask_rw, r, keepdims=False)
+    pid = self.prompt_id_r[r]
+    prefill = lambda: _prefill_row(self.model, self.tokens_rw, self.mask_rw, r, pid,  # noqa: E731
+                                   self.fused)
+    buf = jax.lax.cond(buf.prompt == pid, lambda: buf, prefill) if self.share_prefill \
+        else prefill()
+    tok, logp, logp_full = self.sample(buf.logits, jnp.zeros((1,), jnp.int32), r[None])
+    stop = _is_stop(tok, self.spec.stop_tokens)
+    alive = ~stop & (self.t_max > 1)
+    out = self.record(out, r[None], jnp.zeros((1,), jnp.int32), tok, logp, logp_full,
+                      jnp.ones((1,), bool), ~stop)
+    mask_w = jax.lax.dynamic_index_in_dim(self.mask_rw, r, keepdims=False)
     sl = _Slots(cache=_write_slot(sl.cache, buf, s),
                 request=sl.request.at[s].set(jnp.where(alive[0], r, -1)),
                 step=sl.step.at[s].set(1), token=sl.token.at[s].set(tok[0]),
@@ -147,66 +229,40 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
                 birth=sl.birth.at[s].set(sl.clock), clock=sl.clock)
     return sl, buf, next_row + 1, out
 
-  def decode(carry):
+  def decode(self, carry):
     sl, buf, next_row, out = carry
+    t_max = self.t_max
     live = sl.request >= 0
     # ring column i holds the slot's token (i - birth) % T: valid while that is < step
     ring = jnp.mod(jnp.arange(t_max)[None, :] - sl.birth[:, None], t_max) < sl.step[:, None]
     kv_mask = jnp.concatenate([sl.prompt_mask, ring.astype(sl.prompt_mask.dtype)], axis=1)
-    logits, cache = model.forward_cached(
+    logits, cache = self.model.forward_cached(
         sl.token[:, None], positions=(sl.prompt_len + sl.step - 1)[:, None], cache=sl.cache,
-        start=model_w + jnp.mod(sl.clock, t_max), kv_mask=kv_mask, causal=False, **fused)
-    tok, logp, logp_full = sample(logits[:, 0], sl.step, sl.request)
-    stop = _is_stop(tok, spec.stop_tokens)
-    out = record(out, sl.request, sl.step, tok, logp, logp_full, live, ~stop)
+        start=self.width + jnp.mod(sl.clock, t_max), kv_mask=kv_mask, causal=False,
+        **self.fused)
+    tok, logp, logp_full = self.sample(logits[:, 0], sl.step, sl.request)
+    stop = _is_stop(tok, self.spec.stop_tokens)
+    out = self.record(out, sl.request, sl.step, tok, logp, logp_full, live, ~stop)
     finished = stop | (sl.step + 1 >= t_max)
     sl = sl._replace(cache=cache, request=jnp.where(live & finished, -1, sl.request),
                      step=jnp.where(live, sl.step + 1, sl.step),
                      token=jnp.where(live, tok, sl.token), clock=sl.clock + 1)
     return sl, buf, next_row, out
 
-  def can_insert(carry):
+  def can_insert(self, carry):
     sl, _, next_row, _ = carry
-    return jnp.any(sl.request < 0) & (next_row < num_rows)
+    return jnp.any(sl.request < 0) & (next_row < self.num_rows)
 
-  def body(carry):   # fill every free slot, then one decode step for all slots
-    return decode(jax.lax.while_loop(can_insert, insert, carry))
+  def body(self, carry):
+    """Fill every free slot, then one decode step for all slots."""
+    return self.decode(jax.lax.while_loop(self.can_insert, self.insert, carry))
 
-  def cond(carry, size):
-    """Keep decoding at this many slots while requests wait, or while more than half of
-    them are live (at the smallest size: while any is)."""
+  def more(self, carry, *, size, last):
+    """Keep decoding at this many slots while requests wait or more than half are live
+    (at the last size: while any is)."""
     sl, _, next_row, _ = carry
     live = jnp.sum(sl.request >= 0)
-    if size == sizes[-1]:
-      return (next_row < num_rows) | (live > 0)
-    return (next_row < num_rows) | (live > size // 2)
-
-  sl = _Slots(cache=model.init_cache(slots, model_w + t_max),
-              request=jnp.full((slots,), -1, jnp.int32),
-              step=jnp.zeros((slots,), jnp.int32), token=jnp.zeros((slots,), jnp.int32),
-              prompt_len=jnp.zeros((slots,), jnp.int32),
-              prompt_mask=jnp.zeros((slots, model_w), mask_rw.dtype),
-              birth=jnp.zeros((slots,), jnp.int32), clock=jnp.int32(0))
-  buf = jax.eval_shape(lambda: _prefill_row(model, tokens_rw, mask_rw, 0, 0, fused))
-  buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), buf)._replace(
-      prompt=jnp.asarray(-1, jnp.int32))
-  out = _Decoded(tokens=jnp.full((requests, t_max), spec.pad_id, jnp.int32),
-                 mask=jnp.zeros((requests, t_max), jnp.int32),
-                 logp=jnp.zeros((requests, t_max), jnp.float32),
-                 logp_full=jnp.zeros((requests, t_max), jnp.float32),
-                 truncated=jnp.zeros((requests,), bool))
-  # Once the queue is empty, the tail: live slots are moved to the front and decoding
-  # continues on half as many (a smaller program; at most DRAIN_LEVELS of them), so the
-  # few longest requests do not pay for a full batch of finished slots.
-  sizes = [slots]
-  while len(sizes) < DRAIN_LEVELS and sizes[-1] > 1:
-    sizes.append(sizes[-1] // 2)
-  carry = (sl, buf, jnp.int32(0), out)
-  for i, size in enumerate(sizes):
-    if i:
-      carry = (_compact(carry[0], size),) + carry[1:]
-    carry = jax.lax.while_loop(functools.partial(cond, size=size), body, carry)
-  return carry[3]
+    return (next_row < self.num_rows) | (live > (0 if last else size // 2))
 
 
 # Slot counts the drain phase steps through (slots, slots/2, ...): each is another copy of
@@ -272,7 +328,7 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
     `_Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
   graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id)
+  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   total = tokens_rw.shape[0]
   prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n
   if mesh is not None:

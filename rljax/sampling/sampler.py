@@ -108,8 +108,22 @@ def _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: in
 def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec) -> _Decoded:
   """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
   buckets._note_trace()
-  chex.assert_equal_shape((tokens_rp, mask_rp))
   model = nnx.merge(graphdef, state)
+  step = _sampler(spec, scalars_3, rng, tokens_rp.shape[0])
+  return decode_segments(model, tokens_rp, mask_rp, step, spec)[3]
+
+
+def decode_segments(model, tokens_rp, mask_rp, step, spec: _Spec, *, live_limit=None):
+  """The static sampler's prefill and segmented decode loop.
+
+  Args:
+    step: `step(t, logits_rv) -> (tokens, logp, logp_full)` for decode step t.
+    live_limit: also stop once at most this many rows are still decoding (the
+      continuous sampler then drains the rest on fewer rows); None: run to the end.
+  Returns:
+    the loop carry (t, last tokens [R], cache, `_Decoded` with `truncated` = still alive).
+  """
+  chex.assert_equal_shape((tokens_rp, mask_rp))
   r, p = tokens_rp.shape
   t_max = spec.max_new_tokens
   prompt_len_r = jnp.sum(mask_rp, axis=-1)
@@ -120,7 +134,6 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
   fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
   last_logits_rv, cache = _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
                                           fused, spec.group)
-  step = _sampler(spec, scalars_3, rng, r)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
   out = _Decoded(
       tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),
@@ -129,6 +142,8 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
       logp_full=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_full_r),
       truncated=~_is_stop(tok_r, spec.stop_tokens))
   carry = (jnp.int32(1), tok_r, cache, out)
+  more = ((lambda c: True) if live_limit is None
+          else (lambda c: jnp.sum(c[3].truncated) > live_limit))
   for t_end in segment_ends(t_max, max_segments=MAX_SEGMENTS):
     # Steps t < t_end write slot p + t - 1 and attend slots [0, p + t): a cache of
     # p + t_end - 1 slots suffices, so early segments read a shorter cache.
@@ -138,8 +153,8 @@ def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec)
     body = functools.partial(_decode_step, model, step, spec, prompt_len_r, p,
                              kv_mask_rs[:, :window], fused)
     carry = jax.lax.while_loop(
-        lambda c, t_end=t_end: (c[0] < t_end) & jnp.any(c[3].truncated), body, carry)
-  return carry[3]
+        lambda c, t_end=t_end: (c[0] < t_end) & jnp.any(c[3].truncated) & more(c), body, carry)
+  return carry
 
 
 # Decode in up to MAX_SEGMENTS while_loops over growing KV caches. Attention reads the

@@ -143,8 +143,10 @@ def _sampling() -> ConfigDict:
       top_p=1.0,
       min_p=0.0,
       sampler_dtype="",        # "" (same as training) or "bfloat16": a real train-inference gap
-      # continuous batching (rljax.sampling.continuous): `slots` decode slots (0: half the
-      # rows) refilled as rows finish; same tokens as the static sampler, request by request
+      # continuous batching (rljax.sampling.continuous): same tokens as the static sampler,
+      # request by request. slots=0: every row resident, moved onto half as many slots each
+      # time half have finished (long tails stop costing a full batch); slots < rows: a
+      # queue of requests refilling slots as they free
       continuous=True,
       slots=0,
       share_prefill=True,      # prefill each prompt once for its n samples (both samplers)

@@ -48,7 +48,7 @@ class RolloutContext:
   chat_template: bool = False
   mesh: object = None        # rows are split over its batch axes (None: one device)
   continuous: bool = False   # continuous batching (rljax.sampling.continuous) ...
-  slots: int = 0             # ... over this many decode slots (0: half the rows)
+  slots: int = 0             # ... over this many decode slots (0: all rows)
   share_prefill: bool = True  # one prefill per prompt for its n samples
 
   def prompt_ids(self, prompt):
@@ -110,9 +110,9 @@ def sample(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
 
 
 def decode_slots(slots: int, rows: int, shards: int) -> int:
-  """Slots of one continuous-batching call: `slots` (0: half the rows), at most the rows,
-  a multiple of the batch shards."""
-  want = slots or max(1, rows // 2)
+  """Slots of one continuous-batching call: `slots` (0: all rows, resident from the start
+  and drained onto fewer slots as they finish), at most the rows, a multiple of the shards."""
+  want = slots or rows
   return max(shards, min(rows, want) // shards * shards)
 
 

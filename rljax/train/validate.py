@@ -108,7 +108,7 @@ def _check_ranges(errors, c):
          f"sft.max_len={c.sft.max_len} must be >= 0 (0: sampling.max_new_tokens)")
   _check(errors, s.temperature > 0, f"sampling.temperature={s.temperature} must be > 0")
   _check(errors, isinstance(s.slots, int) and s.slots >= 0,
-         f"sampling.slots={s.slots!r} must be an int >= 0 (0: half the rows)")
+         f"sampling.slots={s.slots!r} must be an int >= 0 (0: all rows)")
   _check(errors, 0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
   _check(errors, s.top_k >= 0, f"sampling.top_k={s.top_k} must be >= 0 (0: off)")
   _check(errors, 0 <= s.min_p < 1, f"sampling.min_p={s.min_p} must be in [0, 1)")
