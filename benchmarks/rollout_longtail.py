@@ -8,8 +8,10 @@ stops with probability ~k/512 and lengths are geometric: a long tail (max/mean i
 the issue asks for >= 4).
 
 - static: `rljax.sampling.generate`, all 64 rows decode until the longest stops;
-- continuous: `rljax.sampling.continuous.generate_continuous`, `--slots` decode slots
-  refilled as requests finish (same tokens, request by request, as static);
+- continuous: `rljax.sampling.continuous.generate_continuous` (same tokens, request by
+  request, as static). `--slots 0` (the trainer's default): every request resident, the
+  rows moved onto half as many slots each time half have finished; `--slots 16`: 16 slots
+  refilled from a queue as requests finish;
 - HF: `generate` with the stop tokens as eos ids (rows stop, the batch runs to the longest),
   in its own worker process (torch's threads slow JAX in a shared process).
 
@@ -18,7 +20,7 @@ over wall time. rljax's two samplers alternate call by call in one process; medi
 `--reps` calls. The figures depend on the CPU (its matmul rate: 325 vs 442 GFLOP/s on the
 two machines of PERF_NOTES) and on the load; the ratios travel better than the rates.
 
-    python benchmarks/rollout_longtail.py [--reps 7] [--slots 16] [--stop-tokens 10]
+    python benchmarks/rollout_longtail.py [--reps 7] [--slots 0] [--stop-tokens 10]
 
 Last line: RESULT {"metric": "completed_tokens_per_s_longtail", "rljax": <continuous>,
 "peer": <static>, "ratio": ..., "hf": ..., "ratio_vs_hf": ...}.
@@ -74,7 +76,8 @@ def hf_worker(args):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--reps", type=int, default=7)
-  ap.add_argument("--slots", type=int, default=16)
+  ap.add_argument("--slots", type=int, default=0,
+                  help="decode slots (0: all 64 requests resident, the trainer's default)")
   ap.add_argument("--stop-tokens", type=int, default=10)
   ap.add_argument("--no-hf", action="store_true")
   ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
@@ -110,8 +113,9 @@ def main():
                             stop_tokens=tuple(range(2, 2 + args.stop_tokens)))
   calls = {
       "static": lambda key: generate(model, tokens, mask, sampling=sampling, rng=key),
-      "continuous": lambda key: generate_continuous(model, tokens, mask, sampling=sampling,
-                                                    rng=key, slots=args.slots),
+      "continuous": lambda key: generate_continuous(
+          model, tokens, mask, sampling=sampling, rng=key,
+          slots=args.slots or PROMPTS * SAMPLES),
   }
   times = {k: [] for k in calls}
   lengths = {k: [] for k in calls}
@@ -136,7 +140,7 @@ def main():
             "continuous_s_min_max": [round(min(times["continuous"]), 3),
                                      round(max(times["continuous"]), 3)],
             "static_s_min_max": [round(min(times["static"]), 3), round(max(times["static"]), 3)],
-            "slots": args.slots, "requests": PROMPTS * SAMPLES,
+            "slots": args.slots or PROMPTS * SAMPLES, "requests": PROMPTS * SAMPLES,
             "length_mean": round(float(all_lengths.mean()), 1),
             "length_max": int(all_lengths.max()),
             "max_over_mean": round(float(all_lengths.max() / all_lengths.mean()), 2),
