@@ -25,7 +25,13 @@ and a wrapper around `_generate_and_score_completions` (generation + reward + ad
 old-log-prob forward too (it uses the detached log-probs of the loss forward), so both
 sides do the same work; "with recompute" adds rljax's separate forward pass.
 
-    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--torch-threads N]
+    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--torch-threads N] [--longtail]
+
+rljax runs the trainer's defaults: continuous batching with every row resident and one
+prefill per prompt (`sampling.continuous`, `share_prefill`), packed update rows
+(`algo.pack_sequences`). `--longtail`: completions stop at any of 10 of the 512 ids, up
+to 256 tokens (near-uniform random model: geometric lengths, mean ~45); TRL pads every
+completion to the longest, rljax computes none of the padding.
 
 The machine is shared: the load average is recorded, and `ratio_vs_reference` compares
 rljax with TRL's idle-machine figure from PERF_NOTES (3.08 s per step). torch's OpenMP
@@ -54,6 +60,9 @@ HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hid
                  max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
                  rms_norm_eps=1e-6)
 PEER_REFERENCE_S = 3.08   # PERF_NOTES: TRL 1.16 GRPOTrainer, idle machine, seconds per step
+# --longtail: up to 256 new tokens, stopping at any of 10 of the 512 ids; the random model's
+# next-token distribution is near uniform, so lengths are geometric (mean ~45, max ~256)
+LONGTAIL_TOKENS, LONGTAIL_STOPS = 256, tuple(range(2, 12))
 
 
 def build_hf(seed: int = 0, **overrides):
@@ -91,7 +100,7 @@ def word_tokenizer(vocab: int):
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
-  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS):
+  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=()):
     from flax import nnx
 
     from rljax import parallel
@@ -105,12 +114,13 @@ class RljaxGRPO:
     c.optim.update(actor_lr=LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
                    grad_clip=1.0)   # TRL / transformers AdamW defaults
     self.group, self.new_tokens = group, new_tokens
-    self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group, stop_tokens=())
+    self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group,
+                                   stop_tokens=tuple(stop_tokens))
     self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:1])
     parallel.shard_model(model, self.mesh)
     graphdef, params = nnx.split(model)
     self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # as rljax.train.loop does
-    spec = objective.loss_spec(c)
+    spec = objective.loss_spec(c, pack_groups=1)   # the trainer's default: packed rows
     tx = update.make_optimizer(LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
                                grad_clip=1.0)
     state = update.TrainState(
@@ -123,17 +133,21 @@ class RljaxGRPO:
     self.update_step = update.build_update_step(spec, graphdef, None, tx, tx, 1,
                                                 state_shardings=shardings, mesh=self.mesh)
     self.policy_stats = jax.jit(lambda p, b: objective.policy_forward(
-        nnx.merge(graphdef, p), b, temperature=spec.temperature))
+        nnx.merge(graphdef, p), b, temperature=spec.temperature, pack_groups=1))
 
   def rollout(self, prompts, seed):
-    from rljax.sampling import generate
+    """The trainer's default sampler: continuous batching with every row resident and
+    one prefill per prompt for its samples (`sampling.continuous`, `share_prefill`)."""
+    from rljax.sampling.continuous import generate_continuous
 
-    out = generate(self.merge(), prompts, np.ones_like(prompts), sampling=self.sampling,
-                   rng=jax.random.key(seed))
+    out = generate_continuous(self.merge(), prompts, np.ones_like(prompts),
+                              sampling=self.sampling, rng=jax.random.key(seed),
+                              slots=prompts.shape[0] * self.group, share_prefill=True)
     rows = {"prompt_tokens": np.asarray(out.prompt_tokens),
             "prompt_mask": np.asarray(out.prompt_mask), "tokens": np.asarray(out.tokens),
             "mask": np.asarray(out.mask), "sampler_logp": np.asarray(out.logp, np.float32)}
-    assert rows["mask"].sum() == prompts.shape[0] * self.group * self.new_tokens
+    if not self.sampling.stop_tokens:
+      assert rows["mask"].sum() == prompts.shape[0] * self.group * self.new_tokens
     return rows
 
   def minibatch(self, rows, seed):
@@ -150,6 +164,14 @@ class RljaxGRPO:
     mb = dict(seq, advantages=adv, returns=jnp.zeros_like(ones), old_values=jnp.zeros_like(ones),
               token_weights=ones, is_weights=ones, kl_coef=self.state.kl_coef,
               rng=jax.random.key_data(jax.random.split(jax.random.key(seed), b)))
+    # the packing layout of these rows (one group: one device, one micro-batch)
+    from rljax.train import packing
+    layout = packing.pack_layout(rows["prompt_mask"].sum(1), rows["mask"].sum(1),
+                                 prompt_width=rows["prompt_mask"].shape[1],
+                                 completion_width=rows["mask"].shape[1], groups=1)
+    packed = {k: jax.device_put(v, sh) for k, v in packing.layout_arrays(layout).items()}
+    seq.update(packed)
+    mb.update(packed)
     return seq, mb
 
   def iteration(self, prompts, seed):
@@ -173,9 +195,10 @@ def prompt_ids(steps: int, vocab: int, seed: int = 0) -> np.ndarray:
   return np.random.default_rng(seed).integers(2, vocab, (steps, PROMPTS, PROMPT_LEN))
 
 
-def warm_rljax(ids: np.ndarray, warmup: int) -> RljaxGRPO:
+def warm_rljax(ids: np.ndarray, warmup: int, longtail: bool) -> RljaxGRPO:
   model, _ = load_into_rljax(build_hf())
-  grpo = RljaxGRPO(model)
+  grpo = (RljaxGRPO(model, new_tokens=LONGTAIL_TOKENS, stop_tokens=LONGTAIL_STOPS)
+          if longtail else RljaxGRPO(model))
   t0 = time.perf_counter()
   grpo.iteration(ids[0], 0)
   print(f"rljax first iteration (compiles) {time.perf_counter() - t0:.1f} s", flush=True)
@@ -195,7 +218,7 @@ def time_rljax(grpo: RljaxGRPO, ids: np.ndarray, seed0: int) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- TRL
-def time_trl(ids: np.ndarray, warmup: int) -> list[dict]:
+def time_trl(ids: np.ndarray, warmup: int, longtail: bool = False) -> list[dict]:
   import datasets
   import transformers
   import trl
@@ -214,11 +237,13 @@ def time_trl(ids: np.ndarray, warmup: int) -> list[dict]:
       output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, report_to="none",
       save_strategy="no", logging_strategy="no", disable_tqdm=True, max_steps=steps,
       per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
-      num_generations=GROUP, max_completion_length=NEW_TOKENS, learning_rate=LR,
+      num_generations=GROUP, max_completion_length=LONGTAIL_TOKENS if longtail else NEW_TOKENS,
+      learning_rate=LR,
       lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
       beta=0.0, use_vllm=False, temperature=1.0, top_p=1.0, top_k=0, seed=0,
-      generation_kwargs={"min_new_tokens": NEW_TOKENS}, shuffle_dataset=False,
-      dataloader_num_workers=0)
+      generation_kwargs=({"eos_token_id": list(LONGTAIL_STOPS)} if longtail
+                         else {"min_new_tokens": NEW_TOKENS}),
+      shuffle_dataset=False, dataloader_num_workers=0)
   gen_times, step_times = [], []
 
   class Timed(trl.GRPOTrainer):
@@ -227,7 +252,8 @@ def time_trl(ids: np.ndarray, warmup: int) -> list[dict]:
       out = super()._generate_and_score_completions(*a, **k)
       gen_times.append(time.perf_counter() - t0)
       lengths = out["completion_mask"].sum(dim=1)
-      assert int(lengths.min()) == NEW_TOKENS == int(lengths.max()), lengths
+      if not longtail:
+        assert int(lengths.min()) == NEW_TOKENS == int(lengths.max()), lengths
       return out
 
   class StepClock(transformers.TrainerCallback):
@@ -259,6 +285,8 @@ def main():
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--torch-threads", type=int, default=0,
                       help="0: torch's default; 1 avoids OpenMP collapse on an oversubscribed machine")
+  parser.add_argument("--longtail", action="store_true",
+                      help="completions stop at 10 stop ids within 256 tokens (long-tailed lengths)")
   args = parser.parse_args()
   import torch
   import trl
@@ -270,16 +298,17 @@ def main():
   ids = prompt_ids(args.warmup + args.reps, HF_CONFIG["vocab_size"])
   half = args.reps // 2
   # rljax before and after TRL, so both see a similar share of the (shared) machine.
-  grpo = warm_rljax(ids, args.warmup)
+  grpo = warm_rljax(ids, args.warmup, args.longtail)
   rl = time_rljax(grpo, ids[args.warmup:args.warmup + half], seed0=100)
-  peer = time_trl(ids, args.warmup)
+  peer = time_trl(ids, args.warmup, args.longtail)
   rl += time_rljax(grpo, ids[args.warmup + half:], seed0=1000)
   load_after = os.getloadavg()
 
   r_tot, p_tot = med(rl, "total"), med(peer, "total")
   r_train = med(rl, "update")
   res = {
-      "metric": "grpo_step_seconds", "rljax": round(r_tot, 3), "peer": round(p_tot, 3),
+      "metric": "grpo_step_seconds_longtail" if args.longtail else "grpo_step_seconds",
+      "rljax": round(r_tot, 3), "peer": round(p_tot, 3),
       "ratio": round(p_tot / r_tot, 3),
       "rljax_generate": round(med(rl, "generate"), 3),
       "rljax_old_logp": round(med(rl, "old_logp"), 3),

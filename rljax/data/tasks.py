@@ -37,6 +37,7 @@ import random
 import re
 from collections.abc import Callable
 
+from rljax.data import calculator as calc
 from rljax.data import countdown as cd
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -109,6 +110,7 @@ class Task:
                n_heldout: int = 256, heldout_seed: int = 12345, heldout_fraction: float = 0.1,
                accuracy_weight: float = 1.0, format_weight: float = 0.1, **options):
     self.name, self.spec, self.options = name, spec, options
+    self.tags, self.observation_re = spec.tags, spec.observation_re
     self.difficulty_range = _difficulty_range(difficulty)
     self.seed, self.heldout_seed, self.heldout_fraction = seed, heldout_seed, heldout_fraction
     self.n_train, self.n_heldout = n_train, n_heldout
@@ -176,6 +178,8 @@ class TaskSpec:
   check: Callable  # (prompt, answer_content) -> bool
   prompt_len: Callable  # (difficulty, **options) -> max prompt tokens
   completion_len: Callable  # (difficulty, **options) -> max demonstration tokens
+  tags: tuple = ()  # extra CharTokenizer tags the task writes (one token each)
+  observation_re: object = None  # compiled regex: demonstration spans an environment writes
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -249,6 +253,9 @@ TASKS: dict[str, TaskSpec] = {
                          _arith_completion_len),
   "countdown": TaskSpec(cd.generate, cd.demonstration, cd.check, cd.prompt_len,
                         cd.completion_len),
+  "calculator": TaskSpec(calc.generate, calc.demonstration, calc.check, calc.prompt_len,
+                         calc.completion_len, tags=calc.TAGS,
+                         observation_re=calc.OBSERVATION_RE),
 }
 
 RECOMMENDED_DIFFICULTY = {"arithmetic": (1, 3), "countdown": (2, 3)}

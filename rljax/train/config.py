@@ -110,6 +110,11 @@ def _task() -> ConfigDict:
       reward_weights=[],       # one per reward_fns entry ([]: 1.0 each)
       reward_fns_mode="replace",  # replace the task's verifier in the score | add to it
       python="",               # for name == "python": "module:factory" of your task object
+      # multi-turn episodes (rljax.envs): "module:factory" | "file.py:factory", factory(prompt)
+      # -> Env; the rollout keeps each row's KV cache across turns (rljax.sampling.multiturn)
+      env="",
+      env_timeout=10.0,        # seconds per environment call (0: no deadline)
+      env_reward_only=False,   # score = the environment's step rewards only (no verifier)
   ))
 
 
@@ -150,6 +155,11 @@ def _sampling() -> ConfigDict:
       continuous=True,
       slots=0,
       share_prefill=True,      # prefill each prompt once for its n samples (both samplers)
+      # with task.env: max_new_tokens is the whole episode's budget (sampled + observation
+      # tokens; a turn gets what remains); a turn ends at a turn_stop string
+      max_turns=1,
+      turn_stop=[],
+      max_observation_tokens=64,  # an observation is cut to this many tokens
       eval_n=4,                # samples per held-out prompt for pass@k / avg@k
       eval_temperature=1.0,
   ))
@@ -301,6 +311,10 @@ def _algo_data() -> dict:
       rsft_steps=2,                 # full-batch NLL steps on the kept completions
       rsft_lr=3e-4,                 # lr of the phase's own AdamW (fresh each phase)
       rsft_min_score=None,          # None: keep every group's best; x: only if best >= x
+      # multi-turn episodes that did not end by themselves: keep | mask (no loss, still in
+      # the group baseline) | drop (no loss, not in the baseline), per status
+      on_truncated_episode=ConfigDict(dict(max_turns="keep", length="keep",
+                                           env_error="mask", env_timeout="mask")),
   )
 
 def _import_module(path: pathlib.Path):

@@ -21,21 +21,24 @@ def evaluate(ctx, model, prompts, rng, *, n, temperature, batch_size=256):
   """
   greedy = ctx.sampling.replace(greedy=True, n=1)
   sampled = ctx.sampling.replace(n=n, temperature=temperature)
-  acc, fmt, lengths, correct = [], [], [], []
+  acc, fmt, lengths, correct, tools = [], [], [], [], []
   keys = jax.random.split(rng, (len(prompts) + batch_size - 1) // batch_size)
   for i, start in enumerate(range(0, len(prompts), batch_size)):
     chunk = prompts[start:start + batch_size]
-    rows = rollout.score(ctx, chunk, rollout.sample(ctx, model, chunk, keys[i], sampling=greedy), 1)
+    rows = rollout.sample_and_score(ctx, model, chunk, keys[i], sampling=greedy)
     acc.append(rows["accuracy"])
     fmt.append(rows["format"])
     lengths.append(rows["lengths"])
+    if "tool_calls" in rows:
+      tools.append(rows["tool_calls"] > 0)
     if n > 0:
-      rows = rollout.score(ctx, chunk, rollout.sample(ctx, model, chunk, keys[i], sampling=sampled),
-                           n)
+      rows = rollout.sample_and_score(ctx, model, chunk, keys[i], sampling=sampled)
       correct.append(rows["accuracy"].reshape(-1, n))
   out = {"accuracy": float(np.mean(np.concatenate(acc))),
          "format": float(np.mean(np.concatenate(fmt))),
          "response_length_mean": float(np.mean(np.concatenate(lengths)))}
+  if tools:   # multi-turn: share of greedy episodes that called a tool
+    out["tool_use"] = float(np.mean(np.concatenate(tools)))
   if n > 0:
     c = np.concatenate(correct).sum(axis=1)
     out[f"avg@{n}"] = float(np.mean(c) / n)

@@ -144,8 +144,9 @@ def prepare(setup, fns, state, rows, keys, moments):
   # placed, every process holding the same values.
   rows_sharding = batch_sharding(setup.mesh)
   batch = {k: jax.device_put(rows[k], rows_sharding) for k in SEQUENCE_KEYS}
+  # completion extent (multi-turn: sampled and observation tokens) for the packing layout
   lengths = {"prompt_lengths": np.asarray(rows["prompt_lengths"]),
-             "lengths": np.asarray(rows["lengths"])}
+             "lengths": np.asarray(rows.get("extent", rows["lengths"]))}
   sequences = fns.sequences(batch, lengths)   # (+ the packing layout when the run packs)
   sampler_logp = jax.device_put(rows["sampler_logp"], rows_sharding)
   mask = batch["mask"].astype(jnp.float32)
@@ -165,7 +166,8 @@ def prepare(setup, fns, state, rows, keys, moments):
   batch["values"] = (fns.values(state.critic, sequences) if state.critic is not None
                      else jnp.zeros_like(old_logp))
   scores, moments = shape_scores(c, rows, moments)
-  batch["scores"], batch["valid"] = scores, jnp.ones(scores.shape, jnp.float32)
+  keep_loss, valid = episode_policy(a, rows, scores.shape[0])
+  batch["scores"], batch["valid"] = scores, jnp.asarray(valid)
   if setup.adv_spec.reward_weights:   # GDPO: the weighted components, shaping as one more
     batch["reward_components"] = reward_components(setup, rows, scores)
   if a.advantage == "remax":
@@ -174,7 +176,7 @@ def prepare(setup, fns, state, rows, keys, moments):
     batch["sampled_logp"], batch["sum_sq"] = fns.policy_sum_sq(policy_params(state), sequences)
   adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
   weights = token_weights(a, adv, entropy, mask)
-  loss_mask = batch["mask"]
+  loss_mask = batch["mask"] * jnp.asarray(keep_loss, batch["mask"].dtype)[:, None]
   if a.overlong_filter:
     loss_mask = masks.overlong_filter_mask(loss_mask, jnp.asarray(rows["truncated"]))
   b = mask.shape[0]
@@ -189,6 +191,12 @@ def prepare(setup, fns, state, rows, keys, moments):
   if "reward_components" in batch:
     upd["reward_components"] = batch["reward_components"]
   metrics = rollout_metrics(rows, scores, adv, mask, loss_mask, state.kl_coef)
+  if "episode_metrics" in rows:   # multi-turn: turns, tools, terminations, per-turn logp gap
+    from rljax.train.multiturn import turn_logp_gap
+    metrics.update(rows["episode_metrics"])
+    if a.old_logp_source != "sampler":
+      metrics.update(turn_logp_gap(rows["episodes"], np.asarray(sampler_logp),
+                                   np.asarray(old_logp), np.asarray(batch["mask"])))
   if a.old_logp_source != "update":
     metrics.update(old_policy_metrics(upd, with_ref=has_reference(state, a.kl_placement)))
   if a.pf_ppo != "none":
@@ -207,6 +215,24 @@ def reward_components(setup, rows, shaped_scores):
   cols = [np.asarray(rows[f"{rollout.REWARD_PREFIX}{n}"], np.float32) for n in names[:-1]]
   shaping_delta = np.asarray(shaped_scores, np.float32) - np.asarray(rows["scores"], np.float32)
   return jnp.asarray(np.stack(cols + [shaping_delta], axis=1))
+
+
+def episode_policy(algo, rows, b):
+  """(keep-loss [B], valid [B]) floats from the episodes' statuses and
+  `algo.on_truncated_episode` (all ones for single-turn rollouts): "mask" rows carry no
+  loss but stay in their group's baseline; "drop" rows are not in the baseline either."""
+  keep, valid = np.ones(b, np.float32), np.ones(b, np.float32)
+  if "status" not in rows:
+    return keep, valid
+  from rljax.envs import STATUSES
+  for code, name in enumerate(STATUSES):
+    what = algo.on_truncated_episode.get(name, "keep")
+    rows_of = np.asarray(rows["status"]) == code
+    if what in ("mask", "drop"):
+      keep[rows_of] = 0.0
+    if what == "drop":
+      valid[rows_of] = 0.0
+  return keep, valid
 
 
 def pack_batch(setup, lengths, completion_width, prompt_width, index=None):

@@ -114,12 +114,12 @@ def full_sequence(batch):
 def policy_forward(model, batch, *, temperature, pack_groups: int = 0):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
 
-  With `pack_groups` > 0 the batch carries a `rljax.train.packing` layout (`pack_*` keys,
-  `pack_groups` groups): the transformer runs on the packed rows, the lm head and the
+  With `pack_groups` > 0 and a `rljax.train.packing` layout in the batch (`pack_*` keys,
+  `pack_groups` groups) the transformer runs on the packed rows, the lm head and the
   log-softmax on the gathered completion positions, with the same values as padded.
   """
   tokens, positions, attention = full_sequence(batch)
-  if not pack_groups:
+  if not pack_groups or "pack_src" not in batch:   # no layout: the padded computation
     return token_logprobs_and_entropy(
         model, tokens, positions, attention,
         prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)

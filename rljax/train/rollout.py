@@ -50,6 +50,7 @@ class RolloutContext:
   continuous: bool = False   # continuous batching (rljax.sampling.continuous) ...
   slots: int = 0             # ... over this many decode slots (0: all rows)
   share_prefill: bool = True  # one prefill per prompt for its n samples
+  episodes: object = None    # rljax.train.multiturn.EpisodeConfig with task.env, else None
 
   def prompt_ids(self, prompt):
     """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""
@@ -149,6 +150,16 @@ def score(ctx: RolloutContext, prompts, rows, n):
   return rows
 
 
+def sample_and_score(ctx: RolloutContext, model, prompts, rng, *, sampling=None):
+  """`score(sample(...))`, or with `task.env` multi-turn episodes scored the same way
+  (`rljax.train.multiturn`): same row layout, plus the episodes' statuses and metrics."""
+  sampling = sampling or ctx.sampling
+  if ctx.episodes is None:
+    return score(ctx, prompts, sample(ctx, model, prompts, rng, sampling=sampling), sampling.n)
+  from rljax.train import multiturn
+  return multiturn.sample_and_score(ctx, model, prompts, rng, sampling=sampling)
+
+
 def _zero_variance_fraction(scores, n):
   return float(np.mean(scores.reshape(-1, n).std(axis=1) == 0)) if n > 1 else 0.0
 
@@ -171,9 +182,13 @@ def collect(ctx, model, draw_prompts, rng_fn, *, num_prompts, dynamic_sampling, 
   while True:
     prompts = draw_prompts(num_prompts)
     t0 = time.perf_counter()
-    rows = jax.block_until_ready(sample(ctx, model, prompts, rng_fn()))
-    t1 = time.perf_counter()
-    rows = score(ctx, prompts, rows, n)
+    if ctx.episodes is not None:   # sampling and scoring interleave with the environments
+      rows = sample_and_score(ctx, model, prompts, rng_fn())
+      t1 = time.perf_counter()
+    else:
+      rows = jax.block_until_ready(sample(ctx, model, prompts, rng_fn()))
+      t1 = time.perf_counter()
+      rows = score(ctx, prompts, rows, n)
     gen_s, score_s = gen_s + t1 - t0, score_s + time.perf_counter() - t1
     if zero_var is None:
       zero_var = _zero_variance_fraction(rows["accuracy"], n)

@@ -18,7 +18,7 @@ from rljax.data.python_task import load_python_task
 from rljax.data.records_task import RecordsTask
 from rljax.data.samplers import make_sampler
 from rljax.data.tasks import make_task
-from rljax.data.tokenizers import CharTokenizer, HFTokenizer, check_vocab
+from rljax.data.tokenizers import DEFAULT_TAGS, CharTokenizer, HFTokenizer, check_vocab
 from rljax.models import Decoder, ModelConfig, add_lora, load_hf
 from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
@@ -73,7 +73,9 @@ def build_task(config):
     return RecordsTask(rows, source=f"{t.tfds_name}[{t.tfds_split}]", **options)
   hi = t.difficulty_max or t.difficulty
   options = ({"digits": t.digits, "scratchpad_fraction": t.scratchpad_fraction}
-             if t.name == "arithmetic" else {})
+             if t.name == "arithmetic" else
+             {"digits": t.digits, "tool_fraction": t.scratchpad_fraction}
+             if t.name == "calculator" else {})
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
                    format_weight=t.format_weight, **options)
 
@@ -164,10 +166,26 @@ def optimizer(config, lr):
                                b1=o.b1, b2=o.b2, grad_clip=o.grad_clip)
 
 
+def episode_config(config, tokenizer, sampling):
+  """The multi-turn settings of a run with `task.env` (None without)."""
+  t, s = config.task, config.sampling
+  if not t.env:
+    return None
+  from rljax.envs import load_env_factory
+  from rljax.train.multiturn import EpisodeConfig, turn_spec
+  return EpisodeConfig(
+      factory=load_env_factory(t.env),
+      spec=turn_spec(tokenizer, sampling, list(s.turn_stop), int(s.max_observation_tokens)),
+      max_turns=int(s.max_turns),
+      max_observation_tokens=int(s.max_observation_tokens),
+      timeout=float(t.env_timeout) or None, reward_only=bool(t.env_reward_only))
+
+
 def build(config) -> Setup:
   """Tokenizer, task, models, mesh, sampling params, specs, optimizers, update step."""
-  tokenizer = HFTokenizer(config.model.hf_path) if config.model.hf_path else CharTokenizer()
   task = build_task(config)
+  tokenizer = (HFTokenizer(config.model.hf_path) if config.model.hf_path else
+               CharTokenizer(tags=DEFAULT_TAGS + tuple(getattr(task, "tags", ()))))
   actor, critic, model_cfg = build_models(config, tokenizer)
   prompt_len = prompt_length(config, task, tokenizer, model_cfg.max_position_embeddings)
   p = config.parallel
@@ -184,7 +202,8 @@ def build(config) -> Setup:
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len, sampling=sampling,
                        reward_fn=reward_fn, chat_template=config.task.chat_template, mesh=mesh,
                        continuous=bool(s.continuous), slots=int(s.slots),
-                       share_prefill=bool(s.share_prefill))
+                       share_prefill=bool(s.share_prefill),
+                       episodes=episode_config(config, tokenizer, sampling))
   actor_graphdef, actor_state = nnx.split(actor)
   critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
   data_shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)

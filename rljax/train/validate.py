@@ -182,6 +182,7 @@ def _check_combinations(errors, c):
   _check_2026(errors, a)
   _check_user_rewards(errors, c)
   _check_lora(errors, c)
+  _check_env(errors, c)
   if a.old_logp_source == "update":
     _check_old_logp_from_update(errors, a)
 
@@ -270,6 +271,38 @@ def _check_lora(errors, c):
       errors.append(f"{why} is not supported with model.lora_rank > 0: the reference of a "
                     "LoRA run is the base with the adapters off (no copy to refresh or "
                     "offload), and rejection-sampling phases train full weights")
+
+
+def _check_env(errors, c):
+  """task.env and the multi-turn sampling fields."""
+  t, s, a = c.task, c.sampling, c.algo
+  _check(errors, isinstance(s.max_turns, int) and s.max_turns >= 1,
+         f"sampling.max_turns={s.max_turns!r} must be an int >= 1")
+  _check(errors, isinstance(s.max_observation_tokens, int) and s.max_observation_tokens >= 0,
+         f"sampling.max_observation_tokens={s.max_observation_tokens!r} must be an int >= 0")
+  if any(not isinstance(x, str) or not x for x in s.turn_stop):
+    errors.append(f"sampling.turn_stop={list(s.turn_stop)!r} must be non-empty strings")
+  for status, what in a.on_truncated_episode.items():
+    if what not in ("keep", "mask", "drop"):
+      errors.append(f"algo.on_truncated_episode.{status}={what!r} must be keep | mask | drop")
+  if not t.env:
+    if s.max_turns > 1 or list(s.turn_stop):
+      errors.append("sampling.max_turns / sampling.turn_stop need task.env (an environment "
+                    "that answers each turn)")
+    return
+  if ":" not in t.env:
+    errors.append(f"task.env={t.env!r}: expected 'module.path:factory' or 'file.py:factory'")
+  if not list(s.turn_stop) and s.max_turns > 1:
+    errors.append("task.env with sampling.max_turns > 1 needs sampling.turn_stop (the strings "
+                  "that end a turn, e.g. ['</call>'])")
+  if a.dynamic_sampling:
+    errors.append("algo.dynamic_sampling is not supported with task.env (multi-turn episodes)")
+  if a.advantage == "remax":
+    errors.append("algo.advantage='remax' (a greedy single-turn baseline) is not supported "
+                  "with task.env")
+  if c.parallel.fsdp != 1 or c.parallel.tensor != 1:
+    errors.append("task.env runs the episodes' rows data-parallel only: parallel.fsdp and "
+                  "parallel.tensor must be 1")
 
 
 def _check_old_logp_from_update(errors, a):
