@@ -195,3 +195,18 @@ def test_calculator_trains_resumes_exactly_and_matches_on_eight_devices(tmp_path
   train(split)
   assert _drop(read_records(tmp_path / "split" / "calculator")) == _drop(eight)
   json.dumps(one)   # metrics are JSON-able
+
+
+def test_turn_rewards_give_each_turn_its_discounted_return():
+  # two episodes of one group: turns end at completion columns 2 and 4 (then one more turn)
+  eps = [multiturn.Episode(step_rewards=[0.0, 1.0], turn_ends=[2, 4]),
+         multiturn.Episode(step_rewards=[0.5], turn_ends=[3])]
+  mask = np.array([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 1, 1]])   # 0 at observation tokens
+  scores = np.array([1.0 + 0.0, 0.5 + 2.0])   # env rewards + a verifier part (0, then 2)
+  env = np.array([1.0, 0.5])
+  adv = multiturn.turn_advantages(eps, scores, env, mask, group=2, gamma=0.5)
+  # episode 0: G = [0 + 0.5 * 1, 1] ; episode 1: turns [0.5, 0 + 2 (verifier, last turn)]
+  # -> G = [0.5 + 0.5 * 2, 2]; baseline over G_0 = (0.5, 1.5): mean 1, std 0.7071
+  g = np.array([[0.5, 0.5, 0, 1.0, 0, 0], [1.5, 1.5, 1.5, 0, 2.0, 2.0]])
+  want = np.where(mask > 0, (g - 1.0) / (np.sqrt(0.5) + 1e-6), 0.0)
+  np.testing.assert_allclose(adv, want, rtol=1e-6)

@@ -1,6 +1,6 @@
 """The calculator task: multi-digit sums a tiny model cannot do in its head, and a tool.
 
-Prompt `C:347+589\\n`, answer `936`. With the calculator environment
+Prompt `C:347+589\\n`, answer `0936` (sums are written zero-padded to a fixed width). With the calculator environment
 (`rljax.envs.calculator`, `experiments/calculator.py`) the model may call
 `<call>347+589</call>`; the environment answers `<result>936</result>` and the model then
 writes `<answer>936</answer>`. The tool demonstration is
@@ -46,11 +46,21 @@ def shows_tool(prompt_text: str, fraction: float) -> bool:
   return (h % 1000) < round(fraction * 1000)
 
 
+def value_text(value: int, width: int) -> str:
+  """A sum written with `width` digits, zero-padded (the calculator's and the answers'
+  format: a copy from `<result>` into `<answer>` is then a fixed-distance copy)."""
+  return str(value).zfill(width)
+
+
+def result_width(d, digits) -> int:
+  return len(str((d + 1) * (10 ** digits - 1)))
+
+
 def generate(rng, d, *, digits=3, tool_fraction=0.2):
   del tool_fraction
   terms = [rng.randint(10 ** (digits - 1), 10 ** digits - 1) for _ in range(d + 1)]
-  text = str(terms[0]) + "".join(rng.choice("+-") + str(t) for t in terms[1:])
-  return f"C:{text}\n", str(evaluate(text))
+  text = "+".join(str(t) for t in terms)
+  return f"C:{text}\n", value_text(evaluate(text), result_width(d, digits))
 
 
 def demonstration(prompt, *, tool_fraction=0.2, **_):

@@ -41,6 +41,8 @@ from rljax.data import calculator as calc
 from rljax.data import countdown as cd
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# task options giving the share of demonstrations that show the worked mode
+WORKED_OPTIONS = ("scratchpad_fraction", "tool_fraction")
 _HELDOUT_BUCKETS = 1000
 
 
@@ -151,11 +153,12 @@ class Task:
   def demonstration(self, prompt: Prompt, *, worked: bool = False) -> str:
     """An SFT target completion ending with `</answer>` (the trainer appends eos).
 
-    worked=True: always the worked solution (arithmetic: the scratchpad), whatever
-    `scratchpad_fraction` says; the first phase of a two-phase warm start uses it.
+    worked=True: always the worked solution (arithmetic: the scratchpad; calculator: the
+    tool call), whatever the task's fraction option says; the first phase of a two-phase
+    warm start uses it.
     """
-    worked = worked and "scratchpad_fraction" in self.options
-    options = dict(self.options, scratchpad_fraction=1.0) if worked else self.options
+    key = next((k for k in WORKED_OPTIONS if k in self.options), None)
+    options = dict(self.options, **{key: 1.0}) if worked and key else self.options
     return self.spec.demonstration(prompt, **options)
 
   def score(self, prompt: Prompt, completion: str) -> RewardBreakdown:

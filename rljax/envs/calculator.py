@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from rljax.data.calculator import evaluate
+from rljax.data.calculator import evaluate, value_text
 from rljax.envs import Step
 
 _CALL = re.compile(r"<call>(.*?)</call>\s*$", re.DOTALL)
@@ -39,7 +39,9 @@ class CalculatorEnv:
       value = evaluate(call.group(1))
     except ValueError:
       return Step(observation="<result>error</result>", info={"tool_call": True, "error": True})
-    return Step(observation=f"<result>{value}</result>", info={"tool_call": True})
+    width = len(self.prompt.answer)   # the task's fixed answer width
+    return Step(observation=f"<result>{value_text(value, width)}</result>",
+                info={"tool_call": True})
 
 
 class RetryEnv:

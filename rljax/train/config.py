@@ -315,6 +315,9 @@ def _algo_data() -> dict:
       # the group baseline) | drop (no loss, not in the baseline), per status
       on_truncated_episode=ConfigDict(dict(max_turns="keep", length="keep",
                                            env_error="mask", env_timeout="mask")),
+      # multi-turn: each turn's step reward on that turn's last sampled token, returns
+      # discounted by algo.gamma per turn, advantages against the group's episode returns
+      turn_rewards=False,
   )
 
 def _import_module(path: pathlib.Path):

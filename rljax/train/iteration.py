@@ -175,6 +175,14 @@ def prepare(setup, fns, state, rows, keys, moments):
   if a.advantage == "optimal_token_baseline":   # the sampling policy's Σπ² per token
     batch["sampled_logp"], batch["sum_sq"] = fns.policy_sum_sq(policy_params(state), sequences)
   adv, returns, kl_bt = compute_advantages(setup.adv_spec, batch, state.kl_coef)
+  if a.turn_rewards and "episodes" in rows:   # per-turn rewards and returns (multi-turn)
+    from rljax.train.multiturn import turn_advantages
+    adv = jnp.asarray(turn_advantages(
+        rows["episodes"], np.asarray(scores), np.asarray(rows["reward/env"]),
+        np.asarray(batch["mask"]), group=c.sampling.n, gamma=float(a.gamma)),
+        jnp.float32) * batch["valid"][:, None]
+    adv = jax.device_put(adv, rows_sharding)
+    returns = adv
   weights = token_weights(a, adv, entropy, mask)
   loss_mask = batch["mask"] * jnp.asarray(keep_loss, batch["mask"].dtype)[:, None]
   if a.overlong_filter:

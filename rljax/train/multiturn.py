@@ -322,3 +322,43 @@ def sample_and_score(ctx, model, prompts, rng, *, sampling):
   for k in ("prompt_tokens", "prompt_mask", "tokens", "mask", "sampler_logp", "truncated"):
     out[k] = jax.device_put(np.asarray(rows[k]), sharding)
   return out
+
+
+def turn_advantages(episodes, scores, env_rewards, mask, *, group: int, gamma: float,
+                    eps: float = 1e-6) -> np.ndarray:
+  """Per-token advantages from per-turn rewards (`algo.turn_rewards`).
+
+  Turn k's step reward r_k sits on its last sampled token; the rest of the score (the
+  task's verifier) on the last turn. A token of turn k gets the discounted return from
+  its turn, G_k = Σ_{j≥k} γ^{j−k} r_j, minus the mean of its group's episode returns G_0,
+  over their std (+ε): GRPO's normalisation with the group's episodes as the baseline
+  (per-turn-index baselines are biased when the policy decides when to stop: verl RFC
+  #7244, `shared/research/agentic.md`).
+
+  Returns:
+    float32 [B, T], 0 on non-sampled tokens.
+  """
+  mask = np.asarray(mask) > 0
+  b, t = mask.shape
+  returns = np.zeros((b, t), np.float32)
+  first = np.zeros(b, np.float32)
+  for i, ep in enumerate(episodes):
+    rewards = list(ep.step_rewards)[:len(ep.turn_ends)]
+    ends = list(ep.turn_ends)
+    if not ends or mask[i, ends[-1]:].any():   # a last turn that never reached the env
+      ends.append(t)
+      rewards.append(0.0)
+    rewards[-1] += float(scores[i] - env_rewards[i])   # the verifier's part: the last turn
+    g, running = np.zeros(len(rewards), np.float32), 0.0
+    for k in reversed(range(len(rewards))):
+      running = rewards[k] + gamma * running
+      g[k] = running
+    start = 0
+    for k, end in enumerate(ends):
+      returns[i, start:end] = g[k]
+      start = end
+    first[i] = g[0] if len(g) else 0.0
+  g0 = first.reshape(-1, group)
+  mean = np.repeat(g0.mean(axis=1), group)
+  std = np.repeat(g0.std(axis=1, ddof=1) if group > 1 else np.ones(len(g0)), group)
+  return np.where(mask, (returns - mean[:, None]) / (std[:, None] + eps), 0.0).astype(np.float32)

@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from rljax.data.batching import left_pad
+from rljax.data.tasks import WORKED_OPTIONS
 from rljax.train import objective
 
 
@@ -121,8 +122,8 @@ def train_sft(setup, params, *, steps, batch_size, lr, warmup_steps, seed, progr
   rng = np.random.default_rng(seed)
   opt_state = tx.init(params)
   completion_len = completion_len or setup.config.sampling.max_new_tokens
-  if "scratchpad_fraction" not in getattr(setup.task, "options", {}):
-    worked_steps = 0   # only the synthetic arithmetic task has a separate worked mode
+  if not set(WORKED_OPTIONS) & set(getattr(setup.task, "options", {})):
+    worked_steps = 0   # only synthetic tasks with a worked mode (arithmetic, calculator)
   loss = float("nan")
   iterator = range(steps)
   if progress:

@@ -285,6 +285,9 @@ def _check_env(errors, c):
   for status, what in a.on_truncated_episode.items():
     if what not in ("keep", "mask", "drop"):
       errors.append(f"algo.on_truncated_episode.{status}={what!r} must be keep | mask | drop")
+  if a.turn_rewards and (not t.env or a.advantage != "grpo"):
+    errors.append("algo.turn_rewards=True puts each turn's reward on its own tokens: it needs "
+                  f"task.env and algo.advantage='grpo' (got {t.env!r}, {a.advantage!r})")
   if not t.env:
     if s.max_turns > 1 or list(s.turn_stop):
       errors.append("sampling.max_turns / sampling.turn_stop need task.env (an environment "
