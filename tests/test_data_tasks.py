@@ -99,7 +99,7 @@ def test_parse_answer_tag_and_errors():
   assert parse_answer_tag("a\n<answer>x</answer>\n") == ("x", True)
   assert parse_answer_tag("<answer>x</answer><answer>y</answer>") == ("x", False)
   assert parse_answer_tag("no tag") == (None, False)
-  with pytest.raises(KeyError, match="valid names: \\['arithmetic', 'countdown'\\]"):
+  with pytest.raises(KeyError, match="valid names: \\['arithmetic', 'calculator', 'countdown'\\]"):
     make_task("sudoku", difficulty=1, seed=0)
   with pytest.raises(ValueError, match="difficulty"):
     make_task("arithmetic", difficulty=(3, 1), seed=0)

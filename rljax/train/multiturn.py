@@ -119,6 +119,18 @@ def _ids_bucket(ids_list, pad_id):
   return out, np.asarray([len(x) for x in ids_list], np.int32)
 
 
+def observation_ids(tokenizer, seam, text, max_tokens):
+  """Ids of an observation: its text cut to `max_tokens` tokens, then wrapped by the chat
+  seam (`rljax.envs.chat.ChatSeam`: end-of-turn, role header, next assistant header) when
+  the run uses a chat template; the seam's own ids are not counted in `max_tokens`."""
+  ids = tokenizer.encode(text)
+  if seam is None:
+    return ids[:max_tokens]
+  if len(ids) > max_tokens:
+    text = tokenizer.decode(ids[:max_tokens], stop_at_eos=False, skip_special=False)
+  return seam.observation_ids(text)
+
+
 def _contain(runner, fn, *args):
   """(result, status or "", message): env_timeout / env_error instead of raising."""
   try:
@@ -141,6 +153,10 @@ def run_episodes(ctx, model, prompts, rng, *, env_factory, spec: TurnSpec, max_t
   tok = ctx.tokenizer
   b = len(prompts)
   runner = EnvRunner(env_timeout)
+  seam = None
+  if getattr(ctx, "chat_template", False):   # observations as chat messages
+    from rljax.envs.chat import ChatSeam
+    seam = ChatSeam(tok)
   episodes = [Episode() for _ in range(b)]
   reset_ids = []
   for i, p in enumerate(prompts):
@@ -206,10 +222,10 @@ def run_episodes(ctx, model, prompts, rng, *, env_factory, spec: TurnSpec, max_t
         ep.status, finish[i] = "max_turns", True
       else:
         room = spec.total - int(cursor[i]) - 1   # leave at least one token to sample
-        ids = tok.encode(step.observation or "")[:max_observation_tokens]
-        if room < len(ids) or room <= 0:
+        ids = observation_ids(tok, seam, step.observation or "", max_observation_tokens)
+        if seam is None:
           ids = ids[:max(room, 0)]
-        if room <= 0:
+        if room <= 0 or len(ids) > room:   # (a chat seam is never cut mid-header)
           ep.status, finish[i] = "length", True
         else:
           obs_ids[i], resume[i] = ids, True
