@@ -25,3 +25,18 @@ import hypothesis  # noqa: E402
 
 hypothesis.settings.register_profile("rljax", max_examples=40, deadline=None, derandomize=True)
 hypothesis.settings.load_profile("rljax")
+
+
+import gc  # noqa: E402
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs_between_modules():
+  """One pytest process runs every module: drop each module's compiled programs and
+  arrays when it ends, so the session's memory does not grow with the suite."""
+  yield
+  jax.clear_caches()
+  gc.collect()
