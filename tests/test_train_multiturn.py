@@ -210,3 +210,12 @@ def test_turn_rewards_give_each_turn_its_discounted_return():
   g = np.array([[0.5, 0.5, 0, 1.0, 0, 0], [1.5, 1.5, 1.5, 0, 2.0, 2.0]])
   want = np.where(mask > 0, (g - 1.0) / (np.sqrt(0.5) + 1e-6), 0.0)
   np.testing.assert_allclose(adv, want, rtol=1e-6)
+
+
+def test_max_total_tokens_is_the_episode_budget_and_needs_an_env():
+  from rljax.train.config import load_config
+  from rljax.train.validate import ConfigError
+  config = load_config("experiments/calculator.py", {"sampling.max_total_tokens": 56})
+  assert config.sampling.max_new_tokens == 56   # the rows' completion columns
+  with pytest.raises(ConfigError, match="sampling.max_total_tokens"):
+    load_config("experiments/grpo.py", {"sampling.max_total_tokens": 56})

@@ -15,6 +15,7 @@ from rljax import parallel, sampling
 from rljax.models.heads import ValueModel
 from rljax.ops.shaping import RunningMoments
 from rljax.train import checkpoint, metrics, reference, sft
+from rljax.train.config import resolve_episode_budget
 from rljax.train.evaluate import evaluate, ood_split
 from rljax.train.iteration import ForwardFns, rl_iteration, save_analysis_batch
 from rljax.train.rejection_sft import RejectionSFT
@@ -101,6 +102,7 @@ def train(config, *, stop_after=None):
     config: a full config (see rljax.train.config.base_config).
     stop_after: stop (with a checkpoint) after this many iterations of this call; for tests.
   """
+  resolve_episode_budget(config)
   validate(config)
   t_start = time.perf_counter()
   setup = build(config)

@@ -288,6 +288,12 @@ def _check_env(errors, c):
   if a.turn_rewards and (not t.env or a.advantage != "grpo"):
     errors.append("algo.turn_rewards=True puts each turn's reward on its own tokens: it needs "
                   f"task.env and algo.advantage='grpo' (got {t.env!r}, {a.advantage!r})")
+  _check(errors, isinstance(s.max_total_tokens, int) and s.max_total_tokens >= 0,
+         f"sampling.max_total_tokens={s.max_total_tokens!r} must be an int >= 0 (0: "
+         "sampling.max_new_tokens)")
+  if not t.env and s.max_total_tokens:
+    errors.append("sampling.max_total_tokens is a multi-turn episode's budget: it needs "
+                  "task.env (single-turn runs use sampling.max_new_tokens)")
   if not t.env:
     if s.max_turns > 1 or list(s.turn_stop):
       errors.append("sampling.max_turns / sampling.turn_stop need task.env (an environment "
@@ -306,6 +312,10 @@ def _check_env(errors, c):
   if c.parallel.fsdp != 1 or c.parallel.tensor != 1:
     errors.append("task.env runs the episodes' rows data-parallel only: parallel.fsdp and "
                   "parallel.tensor must be 1")
+  if jax.process_count() > 1:
+    errors.append(f"task.env runs on one process (this run has {jax.process_count()}): the "
+                  "environments step on the host that samples, and rows are not yet split "
+                  "over processes")
 
 
 def _check_old_logp_from_update(errors, a):
