@@ -27,9 +27,11 @@ sides do the same work; "with recompute" adds rljax's separate forward pass.
 
     python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--torch-threads N] [--longtail]
 
-rljax runs the trainer's defaults: continuous batching with every row resident and one
-prefill per prompt (`sampling.continuous`, `share_prefill`), packed update rows
-(`algo.pack_sequences`). `--longtail`: completions stop at any of 10 of the 512 ids, up
+rljax runs the trainer's sampler defaults: continuous batching with every row resident
+and one prefill per prompt (`sampling.continuous`, `share_prefill`). With `--longtail`
+its update runs on packed rows (`algo.pack_sequences=True`); on the uniform workload,
+where every completion has 96 tokens and there is no padding to skip, on the padded
+layout (the trainer's default). `--longtail`: completions stop at any of 10 of the 512 ids, up
 to 256 tokens (near-uniform random model: geometric lengths, mean ~45); TRL pads every
 completion to the longest, rljax computes none of the padding.
 
@@ -100,7 +102,7 @@ def word_tokenizer(vocab: int):
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
-  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=()):
+  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=(), pack=False):
     from flax import nnx
 
     from rljax import parallel
@@ -113,14 +115,15 @@ class RljaxGRPO:
     c.algo.old_logp_source = "update"   # as TRL with one update per rollout
     c.optim.update(actor_lr=LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
                    grad_clip=1.0)   # TRL / transformers AdamW defaults
-    self.group, self.new_tokens = group, new_tokens
+    self.group, self.new_tokens, self.pack = group, new_tokens, pack
     self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group,
                                    stop_tokens=tuple(stop_tokens))
     self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:1])
     parallel.shard_model(model, self.mesh)
     graphdef, params = nnx.split(model)
     self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # as rljax.train.loop does
-    spec = objective.loss_spec(c, pack_groups=1)   # the trainer's default: packed rows
+    groups = 1 if pack else 0   # packed rows (algo.pack_sequences) or the padded layout
+    spec = objective.loss_spec(c, pack_groups=groups)
     tx = update.make_optimizer(LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
                                grad_clip=1.0)
     state = update.TrainState(
@@ -133,7 +136,7 @@ class RljaxGRPO:
     self.update_step = update.build_update_step(spec, graphdef, None, tx, tx, 1,
                                                 state_shardings=shardings, mesh=self.mesh)
     self.policy_stats = jax.jit(lambda p, b: objective.policy_forward(
-        nnx.merge(graphdef, p), b, temperature=spec.temperature, pack_groups=1))
+        nnx.merge(graphdef, p), b, temperature=spec.temperature, pack_groups=groups))
 
   def rollout(self, prompts, seed):
     """The trainer's default sampler: continuous batching with every row resident and
@@ -164,6 +167,8 @@ class RljaxGRPO:
     mb = dict(seq, advantages=adv, returns=jnp.zeros_like(ones), old_values=jnp.zeros_like(ones),
               token_weights=ones, is_weights=ones, kl_coef=self.state.kl_coef,
               rng=jax.random.key_data(jax.random.split(jax.random.key(seed), b)))
+    if not self.pack:
+      return seq, mb
     # the packing layout of these rows (one group: one device, one micro-batch)
     from rljax.train import packing
     layout = packing.pack_layout(rows["prompt_mask"].sum(1), rows["mask"].sum(1),
@@ -197,7 +202,8 @@ def prompt_ids(steps: int, vocab: int, seed: int = 0) -> np.ndarray:
 
 def warm_rljax(ids: np.ndarray, warmup: int, longtail: bool) -> RljaxGRPO:
   model, _ = load_into_rljax(build_hf())
-  grpo = (RljaxGRPO(model, new_tokens=LONGTAIL_TOKENS, stop_tokens=LONGTAIL_STOPS)
+  grpo = (RljaxGRPO(model, new_tokens=LONGTAIL_TOKENS, stop_tokens=LONGTAIL_STOPS,
+                     pack=True)
           if longtail else RljaxGRPO(model))
   t0 = time.perf_counter()
   grpo.iteration(ids[0], 0)
