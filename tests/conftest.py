@@ -40,3 +40,14 @@ def _free_compiled_programs_between_modules():
   yield
   jax.clear_caches()
   gc.collect()
+
+
+# The longest files first: with `-n 2 --dist loadfile` (the README's command) a long file
+# picked up last would leave one worker idle at the end.
+_LONGEST_FIRST = ("test_train_testbed.py", "test_parallel_multiprocess_train.py",
+                  "test_train_packing.py", "test_train_multiturn.py", "test_train_lora.py")
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
