@@ -21,8 +21,9 @@ _CALL = re.compile(r"<call>(.*?)</call>\s*$", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>\s*$", re.DOTALL)
 
 
-class CalculatorEnv:
-  """Evaluates `<call>a+b-c</call>`; the task's verifier scores the final answer."""
+class _PromptEnv:
+  """Keeps the episode's prompt (its answer fixes the width or checks the attempt); no
+  first observation."""
 
   def __init__(self, prompt):
     self.prompt = prompt
@@ -30,6 +31,10 @@ class CalculatorEnv:
   def reset(self, prompt) -> str:
     del prompt
     return ""
+
+
+class CalculatorEnv(_PromptEnv):
+  """Evaluates `<call>a+b-c</call>`; the task's verifier scores the final answer."""
 
   def step(self, action: str) -> Step:
     call = _CALL.search(action)
@@ -44,15 +49,8 @@ class CalculatorEnv:
                 info={"tool_call": True})
 
 
-class RetryEnv:
+class RetryEnv(_PromptEnv):
   """Step reward 1 for a correct answer (episode done), else `wrong, try again`."""
-
-  def __init__(self, prompt):
-    self.prompt = prompt
-
-  def reset(self, prompt) -> str:
-    del prompt
-    return ""
 
   def step(self, action: str) -> Step:
     answer = _ANSWER.search(action)
