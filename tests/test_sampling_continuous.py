@@ -11,7 +11,7 @@ from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
 from rljax.sampling import SamplingParams, compile_count, generate
 from rljax.sampling.continuous import generate_continuous
-from rljax.sampling.sampler import _shared_prefill
+from rljax.sampling.decode import shared_prefill
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,8 @@ def test_shared_prefill_gives_the_same_cache_and_logits(model):
   rows_t, rows_m = np.repeat(tokens, n, 0), np.repeat(mask, n, 0)
   positions = jnp.maximum(jnp.cumsum(rows_m, 1) - 1, 0)
   fused = {"fused": model.fused_weights()}
-  per_row = _shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, 1)
-  shared = _shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, n)
+  per_row = shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, 1)
+  shared = shared_prefill(model, jnp.asarray(rows_t), positions, jnp.asarray(rows_m), fused, n)
   for a, b in zip(jax.tree.leaves(per_row), jax.tree.leaves(shared)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
   sampling = SamplingParams(max_new_tokens=10, n=n, stop_tokens=(5, 7))

@@ -9,7 +9,14 @@ from scipy import stats
 
 from rljax.models import Decoder, ModelConfig
 from rljax.parallel import make_mesh, replicated_fraction, shard_model
-from rljax.sampling import SamplingParams, compile_count, generate, sampler, truncated_log_softmax
+from rljax.sampling import (
+  SamplingParams,
+  compile_count,
+  decode,
+  generate,
+  sampler,
+  truncated_log_softmax,
+)
 
 CFG = ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
@@ -111,11 +118,11 @@ def test_a_longer_run_extends_the_shorter_one(model, rollout):
 
 
 def test_segment_ends_cover_every_step_once():
-  assert sampler.segment_ends(96) == [25, 49, 73, 96]
-  assert sampler.segment_ends(96, max_segments=1) == [96]
-  assert sampler.segment_ends(20) == [20]            # too short to split
+  assert decode.segment_ends(96) == [25, 49, 73, 96]
+  assert decode.segment_ends(96, max_segments=1) == [96]
+  assert decode.segment_ends(20) == [20]            # too short to split
   for t_max in (1, 2, 17, 33, 100, 513):
-    ends = sampler.segment_ends(t_max)
+    ends = decode.segment_ends(t_max)
     assert ends[-1] == max(t_max, 1) and ends == sorted(set(ends)) and len(ends) <= 4
 
 
@@ -123,9 +130,9 @@ def test_segmented_decode_equals_one_loop_and_teacher_forcing(model, monkeypatch
   """Decoding in while_loops over growing caches changes nothing but the cost."""
   tokens, mask = _prompts([3, 7, 1, 5], width=7, seed=4)
   sp = SAMPLING.replace(max_new_tokens=40, stop_tokens=(5,))
-  assert len(sampler.segment_ends(40, max_segments=sampler.MAX_SEGMENTS)) == 2
+  assert len(decode.segment_ends(40, max_segments=decode.MAX_SEGMENTS)) == 2
   seg = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
-  monkeypatch.setattr(sampler, "MAX_SEGMENTS", 1)
+  monkeypatch.setattr(decode, "MAX_SEGMENTS", 1)
   sampler._decode_jit.clear_cache()          # MAX_SEGMENTS is read when tracing
   one = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
   sampler._decode_jit.clear_cache()
@@ -197,7 +204,7 @@ def test_bf16_sampler_is_close_to_but_not_equal_to_fp32(model, rollout):
   gap = np.abs(np.asarray(out.logp_full)[m] - fp32[m])
   assert gap.max() > 1e-4 and gap.mean() < 0.05, (gap.max(), gap.mean())
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(model)))  # untouched
-  bf16 = nnx.merge(*sampler._split(model, "bfloat16"))     # the copy computes in bf16 too
+  bf16 = nnx.merge(*decode.split_for_sampling(model, "bfloat16"))     # the copy computes in bf16 too
   assert jnp.dtype(bf16.cfg.dtype) == jnp.bfloat16
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(bf16.init_cache(1, 4)))
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(bf16, nnx.Param)))

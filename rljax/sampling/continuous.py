@@ -31,18 +31,18 @@ from jax.sharding import PartitionSpec as P
 from rljax.models import KVCache
 from rljax.parallel import BATCH_AXES, batch_sharding
 from rljax.sampling import buckets
+from rljax.sampling.decode import (
+  Decoded,
+  check_prompts,
+  decode_segments,
+  is_stop,
+  prefill,
+  spec_and_scalars,
+  split_for_sampling,
+)
 from rljax.sampling.filters import row_uniforms, sample_tokens
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
-from rljax.sampling.sampler import (
-    _check_prompts,
-    _Decoded,
-    _is_stop,
-    _prefill,
-    _spec_and_scalars,
-    _split,
-    decode_segments,
-)
 
 
 class _Slots(NamedTuple):
@@ -74,7 +74,7 @@ def _prefill_row(model, tokens_rw, mask_rw, r, prompt_id, fused):
   tokens = jax.lax.dynamic_index_in_dim(tokens_rw, r, keepdims=True)
   mask = jax.lax.dynamic_index_in_dim(mask_rw, r, keepdims=True)
   positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-  logits, cache = _prefill(model, tokens, positions, model.init_cache(1, tokens.shape[1]),
+  logits, cache = prefill(model, tokens, positions, model.init_cache(1, tokens.shape[1]),
                            mask, fused)
   return _Prefilled(jnp.asarray(prompt_id, jnp.int32), cache.k, cache.v, logits)
 
@@ -86,7 +86,7 @@ def _write_slot(cache: KVCache, buf: _Prefilled, s):
 
 
 def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng, scalars_3,
-              *, spec, slots: int, total_requests: int, share_prefill: bool) -> _Decoded:
+              *, spec, slots: int, total_requests: int, share_prefill: bool) -> Decoded:
   """Decodes R rows (requests) through `slots` slots; the body of the sampler's program.
 
   With slots < R, requests wait in a queue and are inserted as slots free. With slots ≥ R
@@ -104,7 +104,7 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
       for that row (`row_uniforms(fold_in(rng, t), total_requests)[request_id]`).
     num_rows: the first `num_rows` rows are real (the rest stay empty).
   Returns:
-    `_Decoded` with R rows.
+    `Decoded` with R rows.
   """
   requests = tokens_rw.shape[0]
   m = _Machinery(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng,
@@ -155,7 +155,7 @@ class _Machinery:
     """Writes column step_s of rows row_s where live_s (the others are dropped)."""
     row = jnp.where(live_s, row_s, self.requests)   # out of range: dropped
     put = lambda buf, x: buf.at[row, step_s].set(x.astype(buf.dtype), mode="drop")  # noqa: E731
-    return _Decoded(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
+    return Decoded(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
                     logp=put(out.logp, logp_s), logp_full=put(out.logp_full, logp_full_s),
                     truncated=out.truncated.at[row].set(truncated_s, mode="drop"))
 
@@ -172,7 +172,7 @@ class _Machinery:
     buf = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), buf)._replace(
         prompt=jnp.asarray(-1, jnp.int32))
     r, t = self.requests, self.t_max
-    out = _Decoded(tokens=jnp.full((r, t), self.spec.pad_id, jnp.int32),
+    out = Decoded(tokens=jnp.full((r, t), self.spec.pad_id, jnp.int32),
                    mask=jnp.zeros((r, t), jnp.int32), logp=jnp.zeros((r, t), jnp.float32),
                    logp_full=jnp.zeros((r, t), jnp.float32), truncated=jnp.zeros((r,), bool))
     return sl, buf, out
@@ -211,12 +211,12 @@ class _Machinery:
     s = jnp.argmax(sl.request < 0)
     r = next_row
     pid = self.prompt_id_r[r]
-    prefill = lambda: _prefill_row(self.model, self.tokens_rw, self.mask_rw, r, pid,  # noqa: E731
+    prefill_now = lambda: _prefill_row(self.model, self.tokens_rw, self.mask_rw, r, pid,  # noqa: E731
                                    self.fused)
-    buf = jax.lax.cond(buf.prompt == pid, lambda: buf, prefill) if self.share_prefill \
-        else prefill()
+    buf = jax.lax.cond(buf.prompt == pid, lambda: buf, prefill_now) if self.share_prefill \
+        else prefill_now()
     tok, logp, logp_full = self.sample(buf.logits, jnp.zeros((1,), jnp.int32), r[None])
-    stop = _is_stop(tok, self.spec.stop_tokens)
+    stop = is_stop(tok, self.spec.stop_tokens)
     alive = ~stop & (self.t_max > 1)
     out = self.record(out, r[None], jnp.zeros((1,), jnp.int32), tok, logp, logp_full,
                       jnp.ones((1,), bool), ~stop)
@@ -241,7 +241,7 @@ class _Machinery:
         start=self.width + jnp.mod(sl.clock, t_max), kv_mask=kv_mask, causal=False,
         **self.fused)
     tok, logp, logp_full = self.sample(logits[:, 0], sl.step, sl.request)
-    stop = _is_stop(tok, self.spec.stop_tokens)
+    stop = is_stop(tok, self.spec.stop_tokens)
     out = self.record(out, sl.request, sl.step, tok, logp, logp_full, live, ~stop)
     finished = stop | (sl.step + 1 >= t_max)
     sl = sl._replace(cache=cache, request=jnp.where(live & finished, -1, sl.request),
@@ -280,7 +280,7 @@ def _compact(sl: _Slots, size: int) -> _Slots:
 
 
 def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, num_rows, rng, scalars_3, *,
-                spec, slots: int, share_prefill: bool, mesh=None) -> _Decoded:
+                spec, slots: int, share_prefill: bool, mesh=None) -> Decoded:
   """The slot loop as one program; with a mesh, one independent loop per batch shard
   (`shard_map`: each shard decodes its own rows through slots / shards slots)."""
   buckets._note_trace()
@@ -301,7 +301,7 @@ def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, num_rows, rng,
     return slot_loop(nnx.merge(graphdef, state), tokens, mask, prompt_id, request_id, real,
                      rng, scalars_3, slots=slots // shards, **kwargs)
   state_spec = jax.tree.map(lambda _: P(), state)
-  out_spec = _Decoded(*([rows] * 5))
+  out_spec = Decoded(*([rows] * 5))
   return jax.shard_map(local, mesh=mesh,
                        in_specs=(state_spec, rows, rows, rows, rows, P(), P(), P()),
                        out_specs=out_spec, check_vma=False)(
@@ -314,7 +314,7 @@ _continuous_jit = jax.jit(_continuous, static_argnums=(0,),
 
 def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng, slots: int,
                     num_rows=None, share_prefill: bool = True, pad_id: int = 0,
-                    sampler_dtype=None, mesh=None) -> _Decoded:
+                    sampler_dtype=None, mesh=None) -> Decoded:
   """The continuous-batching counterpart of `rljax.sampling.generate_rows`: prompt rows
   already repeated (each prompt's `sampling.n` samples consecutive), padded and placed.
 
@@ -325,10 +325,10 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
     share_prefill: rows r with the same r // n share one prefill.
     mesh: rows sharded over its batch axes; each shard runs its own slot loop.
   Returns:
-    `_Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
+    `Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
-  graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
+  graphdef, state = split_for_sampling(model, sampler_dtype)
+  spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   total = tokens_rw.shape[0]
   prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n
   if mesh is not None:
@@ -359,7 +359,7 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
     raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
   if int(slots) < 1:
     raise ValueError(f"slots={slots} must be >= 1")
-  tokens_bp, mask_bp = _check_prompts(prompt_tokens, prompt_mask)
+  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
   b, width = tokens_bp.shape
   rows = buckets.round_up(b, batch_bucket)
   w = buckets.round_up(width, prompt_bucket)

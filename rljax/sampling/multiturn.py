@@ -31,8 +31,8 @@ from flax import nnx
 
 from rljax.models import KVCache
 from rljax.sampling import buckets
+from rljax.sampling.decode import is_stop, split_for_sampling
 from rljax.sampling.filters import row_uniforms, sample_tokens
-from rljax.sampling.sampler import _is_stop, _split
 
 GENERATING, WAITING, FINISHED = 0, 1, 2
 # why a row stopped generating: its episode-ending stop token (EOS), a turn stop (a tool
@@ -112,7 +112,7 @@ def _accept(spec, st: TurnState, tok, logp, logp_full, rows):
                    logp=put(st.logp, logp), logp_full=put(st.logp_full, logp_full),
                    cursor=jnp.where(rows, st.cursor + 1, st.cursor),
                    sampled=jnp.where(rows, st.sampled + 1, st.sampled))
-  stop = _is_stop(tok, spec.stop_tokens)
+  stop = is_stop(tok, spec.stop_tokens)
   turn = _ends_turn(tokens, st.cursor, st.turn_start, spec.turn_stops) & ~stop
   full = st.cursor >= t_max
   # a stop token ends the episode; a full budget too, even right after a turn stop
@@ -243,7 +243,7 @@ class TurnSampler:
                sampler_dtype=None):
     import numpy as np
 
-    self.graphdef, self.state = _split(model, sampler_dtype)
+    self.graphdef, self.state = split_for_sampling(model, sampler_dtype)
     self.spec = spec
     self.scalars = jnp.asarray(np.asarray([temperature if temperature > 0 else 1.0, top_p,
                                            min_p], np.float32))

@@ -2,196 +2,40 @@
 
 The model enters the program as `nnx.split(model)`: the graph definition is a static
 argument and the parameters a traced one, so new parameters after an RL update reuse the
-compiled program. Step t draws one uniform per row from `fold_in(rng, t)` (row b reads
-index b of that draw), so results do not depend on batch padding or sharding
-(partitionable threefry).
+compiled program. The program's pieces are the shared decode core, `rljax.sampling.decode`.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any, NamedTuple
+from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.models import positions_from_mask
-from rljax.parallel import BATCH_AXES, state_shardings
 from rljax.sampling import buckets
-from rljax.sampling.filters import row_uniforms, sample_tokens
+from rljax.sampling.decode import (
+  Decoded,
+  DecodeSpec,
+  check_prompts,
+  data_shards,
+  decode_segments,
+  place_rows,
+  spec_and_scalars,
+  split_for_sampling,
+  step_sampler,
+)
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
 
 
-class _Spec(NamedTuple):
-  """The static (trace-time) part of the sampling configuration."""
-
-  max_new_tokens: int
-  greedy: bool
-  top_k: int
-  use_top_p: bool
-  use_min_p: bool
-  stop_tokens: tuple[int, ...]
-  pad_id: int
-  # rows come in groups of `group` copies of one prompt (GRPO's n samples): prefill each
-  # group's first row only and copy its KV and logits to the others (1: every row)
-  group: int = 1
-
-
-class _Decoded(NamedTuple):
-  tokens: jax.Array
-  mask: jax.Array
-  logp: jax.Array
-  logp_full: jax.Array
-  truncated: jax.Array
-
-
-def _spec_and_scalars(sampling: SamplingParams, pad_id: int, group: int = 1):
-  spec = _Spec(sampling.max_new_tokens, sampling.greedy, sampling.top_k,
-               sampling.top_p < 1.0, sampling.min_p > 0.0, sampling.stop_tokens, int(pad_id),
-               int(group))
-  temperature = sampling.temperature if sampling.temperature > 0 else 1.0
-  scalars = np.asarray([temperature, sampling.top_p, sampling.min_p], np.float32)
-  return spec, scalars
-
-
-def _sampler(spec: _Spec, scalars_3, rng, rows: int):
-  """Returns step(t, logits_rv) -> (tokens, logp, logp_full), drawing with fold_in(rng, t).
-
-  The uniforms of all T steps (T·R values) are drawn before the loop in one vectorised
-  call; step t reads `row_uniforms(fold_in(rng, t), R)`, so a longer run extends a shorter one.
-  """
-  draw = functools.partial(
-      sample_tokens, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
-      top_p=scalars_3[1] if spec.use_top_p else None,
-      min_p=scalars_3[2] if spec.use_min_p else None)
-  if spec.greedy:
-    return lambda t, logits_rv: draw(logits_rv, None)
-  steps = jnp.arange(spec.max_new_tokens)
-  uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t), rows))(steps)
-  return lambda t, logits_rv: draw(
-      logits_rv, None, uniform_b=jax.lax.dynamic_index_in_dim(uniform_tr, t, keepdims=False))
-
-
-def _is_stop(tokens_r, stop_tokens):
-  if not stop_tokens:
-    return jnp.zeros(tokens_r.shape, bool)
-  return jnp.any(tokens_r[:, None] == jnp.asarray(stop_tokens, jnp.int32)[None, :], axis=-1)
-
-
-def _prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs, fused):
-  """Runs the prompt through the model; returns the last position's logits [R, V] and cache."""
-  kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs, **fused)
-  if hasattr(model, "hidden_cached"):   # lm head on the last position only
-    hidden_rpd, cache = model.hidden_cached(tokens_rp, **kwargs)
-    return model.logits_from_hidden(hidden_rpd[:, -1]), cache
-  logits_rpv, cache = model.forward_cached(tokens_rp, **kwargs)
-  return logits_rpv[:, -1], cache
-
-
-def _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int):
-  """Prefill of R rows; with `group` g > 1, of every g-th row, whose KV cache and last
-  logits are then repeated g times (rows r·g .. r·g+g-1 hold the same prompt): g-fold less
-  prefill compute, the same cache (JetStream's `prefill_multisampling` + `bulk_insert`)."""
-  r, p = tokens_rp.shape
-  if group > 1 and r % group == 0:
-    pick = lambda x: x[::group]  # noqa: E731
-    logits, cache = _prefill(model, pick(tokens_rp), pick(positions_rp),
-                             model.init_cache(r // group, p), pick(kv_mask_rp), fused)
-    return jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), (logits, cache))
-  return _prefill(model, tokens_rp, positions_rp, model.init_cache(r, p), kv_mask_rp, fused)
-
-
-def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: _Spec) -> _Decoded:
+def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: DecodeSpec) -> Decoded:
   """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
   buckets._note_trace()
   model = nnx.merge(graphdef, state)
-  step = _sampler(spec, scalars_3, rng, tokens_rp.shape[0])
+  step = step_sampler(spec, scalars_3, rng, tokens_rp.shape[0])
   return decode_segments(model, tokens_rp, mask_rp, step, spec)[3]
-
-
-def decode_segments(model, tokens_rp, mask_rp, step, spec: _Spec, *, live_limit=None):
-  """The static sampler's prefill and segmented decode loop.
-
-  Args:
-    step: `step(t, logits_rv) -> (tokens, logp, logp_full)` for decode step t.
-    live_limit: also stop once at most this many rows are still decoding (the
-      continuous sampler then drains the rest on fewer rows); None: run to the end.
-  Returns:
-    the loop carry (t, last tokens [R], cache, `_Decoded` with `truncated` = still alive).
-  """
-  chex.assert_equal_shape((tokens_rp, mask_rp))
-  r, p = tokens_rp.shape
-  t_max = spec.max_new_tokens
-  prompt_len_r = jnp.sum(mask_rp, axis=-1)
-  positions_rp = positions_from_mask(mask_rp)
-  kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
-  # q|k|v and gate|up concatenated once, for the prefill and every decode step: fewer,
-  # wider matmuls.
-  fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
-  last_logits_rv, cache = _shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
-                                          fused, spec.group)
-  tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
-  out = _Decoded(
-      tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),
-      mask=jnp.zeros((r, t_max), jnp.int32).at[:, 0].set(1),
-      logp=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_r),
-      logp_full=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_full_r),
-      truncated=~_is_stop(tok_r, spec.stop_tokens))
-  carry = (jnp.int32(1), tok_r, cache, out)
-  more = ((lambda c: True) if live_limit is None
-          else (lambda c: jnp.sum(c[3].truncated) > live_limit))
-  for t_end in segment_ends(t_max, max_segments=MAX_SEGMENTS):
-    # Steps t < t_end write slot p + t - 1 and attend slots [0, p + t): a cache of
-    # p + t_end - 1 slots suffices, so early segments read a shorter cache.
-    t, tok_r, cache, out = carry
-    window = p + t_end - 1
-    carry = (t, tok_r, cache.grow(window), out)
-    body = functools.partial(_decode_step, model, step, spec, prompt_len_r, p,
-                             kv_mask_rs[:, :window], fused)
-    carry = jax.lax.while_loop(
-        lambda c, t_end=t_end: (c[0] < t_end) & jnp.any(c[3].truncated) & more(c), body, carry)
-  return carry
-
-
-# Decode in up to MAX_SEGMENTS while_loops over growing KV caches. Attention reads the
-# whole cache every step, so early segments with shorter caches are cheaper: measured
-# 10 % (batch 8) to 20 % (batch 64) faster decode on the benchmark model, for ~1.3 s more
-# compile time (each segment is another copy of the decode body).
-MAX_SEGMENTS = 4
-
-
-def segment_ends(t_max: int, *, max_segments: int = 4, min_length: int = 16) -> list[int]:
-  """Exclusive ends of the decode segments over steps 1..t_max-1 (equal lengths).
-
-  Each segment is one `while_loop` over a KV cache just long enough for its last step,
-  so attention (which reads the whole cache every step) costs ~(P + T/2)/(P + T) less
-  on average; every segment is another copy of the decode body to compile, hence the cap.
-  """
-  count = max(1, min(max_segments, (t_max - 1) // min_length))
-  return [1 + -(-(t_max - 1) * (i + 1) // count) for i in range(count)]
-
-
-def _decode_step(model, step, spec: _Spec, prompt_len_r, p: int, kv_mask_rw, fused, carry):
-  """One decode step: feed the last token, draw the next, write column t of the outputs."""
-  t, tok_r, cache, out = carry
-  logits_r1v, cache = model.forward_cached(
-      tok_r[:, None], positions=(prompt_len_r + t - 1)[:, None], cache=cache,
-      start=p + t - 1, kv_mask=kv_mask_rw, **fused)
-  new_r, logp_r, logp_full_r = step(t, logits_r1v[:, 0])
-  alive_r = out.truncated
-  new_r = jnp.where(alive_r, new_r, spec.pad_id)
-  col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, t))
-  out = _Decoded(
-      tokens=col(out.tokens, new_r),
-      mask=col(out.mask, alive_r),
-      logp=col(out.logp, jnp.where(alive_r, logp_r, 0.0)),
-      logp_full=col(out.logp_full, jnp.where(alive_r, logp_full_r, 0.0)),
-      truncated=alive_r & ~_is_stop(new_r, spec.stop_tokens))
-  return t + 1, new_r, cache, out
 
 
 _decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec",))
@@ -229,17 +73,17 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   """
   if not isinstance(sampling, SamplingParams):
     raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-  tokens_bp, mask_bp = _check_prompts(prompt_tokens, prompt_mask)
+  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
   n = sampling.n
   tokens_bp, mask_bp = np.repeat(tokens_bp, n, axis=0), np.repeat(mask_bp, n, axis=0)
   rows, width = tokens_bp.shape
   group = n if share_prefill else 1
-  r = buckets.round_up(rows, batch_bucket, multiple_of=_data_shards(mesh) * group)
+  r = buckets.round_up(rows, batch_bucket, multiple_of=data_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
-  graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, group)
-  tokens_rw, mask_rw, state = _place(mesh, tokens_rw, mask_rw, state)
+  graphdef, state = split_for_sampling(model, sampler_dtype)
+  spec, scalars_3 = spec_and_scalars(sampling, pad_id, group)
+  tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
   out = _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
@@ -269,68 +113,8 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
   Returns:
     NamedTuple (tokens, mask, logp, logp_full, truncated) of all R rows, as in `Rollout`.
   """
-  graphdef, state = _split(model, sampler_dtype)
-  spec, scalars_3 = _spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
+  graphdef, state = split_for_sampling(model, sampler_dtype)
+  spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   return _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
 
 
-def _check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
-  tokens_bp = np.asarray(prompt_tokens)
-  mask_bp = np.asarray(prompt_mask)
-  if tokens_bp.ndim != 2 or tokens_bp.shape != mask_bp.shape or 0 in tokens_bp.shape:
-    raise ValueError(f"prompt_tokens {tokens_bp.shape} and prompt_mask {mask_bp.shape} must "
-                     "both be non-empty [B, P]")
-  if not np.issubdtype(tokens_bp.dtype, np.integer):
-    raise TypeError(f"prompt_tokens must be integers, got {tokens_bp.dtype}")
-  mask_bp = (mask_bp > 0).astype(np.int32)
-  if not mask_bp.any(axis=1).all():
-    raise ValueError("every prompt needs at least one real token (prompt_mask row of zeros)")
-  if (np.diff(mask_bp, axis=1) < 0).any():
-    raise ValueError("prompts must be left-padded (prompt_mask 0...0 1...1 per row)")
-  return tokens_bp.astype(np.int32), mask_bp
-
-
-def _split(model: nnx.Module, sampler_dtype):
-  """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`."""
-  graphdef, state = nnx.split(model)
-  if sampler_dtype is None:
-    return graphdef, state
-  dtype = jnp.dtype(sampler_dtype)
-  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  state = jax.tree.map(cast, state)
-  cfg = getattr(model, "cfg", None)
-  if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
-    graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
-  return graphdef, state
-
-
-@functools.lru_cache(maxsize=32)
-def _graphdef_for(cls, cfg):
-  abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
-  return nnx.split(abstract)[0]
-
-
-def _batch_sharding(mesh):
-  """Rows split over the mesh's batch axes (`rljax.parallel.BATCH_AXES` present in it)."""
-  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes or None))
-
-
-def _data_shards(mesh) -> int:
-  if mesh is None:
-    return 1
-  return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
-
-
-def _place(mesh, tokens_rw, mask_rw, state):
-  """Puts rows on the mesh's batch axes; parameters not yet on the mesh get the shardings of
-  their logical axes (`rljax.parallel.state_shardings`)."""
-  if mesh is None:
-    return tokens_rw, mask_rw, state
-  rows = _batch_sharding(mesh)
-  tokens_rw, mask_rw = jax.device_put(tokens_rw, rows), jax.device_put(mask_rw, rows)
-  on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
-                and x.sharding.mesh == mesh for x in jax.tree.leaves(state))
-  if not on_mesh:
-    state = jax.device_put(state, state_shardings(state, mesh))
-  return tokens_rw, mask_rw, state
