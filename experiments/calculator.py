@@ -1,4 +1,4 @@
-"""Multi-turn tool use: a calculator the model learns to call (issue 16's embedded task).
+"""Multi-turn tool use: a calculator the model learns to call (the embedded multi-turn task).
 
 `C:347+589` needs a 3-digit sum the 0.6M-parameter model cannot do in its head. It may
 write `<call>347+589</call>`; the turn ends there (`sampling.turn_stop`), the environment
@@ -32,11 +32,11 @@ def get_config(arg=None):
   c.run.dir = f"runs/calculator_{step}"
   c.run.iterations = 40
   c.task.name = "calculator"
-  c.task.digits, c.task.difficulty, c.task.difficulty_max = 3, 1, 1
-  c.task.scratchpad_fraction = 0.15         # share of SFT demonstrations that call the tool
-  # as the arithmetic default: a skill phase (every demonstration calls the tool), then
-  # the mixture that makes greedy decoding answer directly
-  c.sft.steps, c.sft.worked_steps, c.sft.max_len = 1000, 800, 0
+  c.task.digits, c.task.difficulty_max = 3, 1
+  # task.scratchpad_fraction (0.15) is here the share of SFT demonstrations that call the
+  # tool. As for the arithmetic default, sft.worked_steps (800 of 1000) is a skill phase
+  # where every demonstration calls it, then the mixture that makes greedy answer directly.
+  c.sft.max_len = 0
   c.sampling.max_new_tokens = 40             # the whole episode: sampled + observation tokens
   c.sampling.max_turns = 2
   c.sampling.turn_stop = ["</call>"]

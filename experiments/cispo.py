@@ -11,12 +11,9 @@ def get_config(arg=None):
   c = base_config()
   convention = arg or "two_sided"
   c.run.dir = f"runs/cispo_{convention}"
-  c.algo.name = "cispo"
   c.algo.policy_loss = "cispo"
   c.algo.cispo_convention = convention
-  c.algo.eps_low = 0.99
-  c.algo.eps_high = 0.2
-  c.algo.cispo_cap = 5.0
+  c.algo.eps_low = 0.99          # no effective lower bound; eps_high 0.2: cap 1.2
   c.algo.loss_agg = "token_mean"
   c.algo.minibatches = 2
   return c

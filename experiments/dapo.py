@@ -1,7 +1,7 @@
 """DAPO as an ablation, in the order of the paper's Table 1.
 
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
-arXiv:2503.14476. Each step adds one technique to the previous ones (seed 004):
+arXiv:2503.14476. Each step adds one technique to the previous ones (the paper's Table 1):
 naive GRPO -> overlong filtering -> clip-higher (eps_high 0.28) -> soft overlong
 punishment -> token-level loss -> dynamic sampling. The paper drops the KL term
 (coefficient 0); lengths are scaled to this task: the base config's 36-token budget
@@ -29,13 +29,11 @@ def get_config(arg=None):
   on = set(ABLATION_STEPS[:ABLATION_STEPS.index(step) + 1])
   c = base_config()
   c.run.dir = f"runs/dapo_{step}"
-  c.algo.name = f"dapo_{step}"
   c.algo.overlong_filter = "overlong_filtering" in on and "soft_overlong" not in on
   if "clip_higher" in on:
-    c.algo.eps_low, c.algo.eps_high = 0.2, 0.28
+    c.algo.eps_high = 0.28                    # eps_low stays 0.2
   if "soft_overlong" in on:
-    c.algo.soft_overlong = True
-    c.algo.overlong_cache_len = 8
+    c.algo.soft_overlong = True               # buffer: the last algo.overlong_cache_len = 8
   if "token_level_loss" in on:
     c.algo.loss_agg = "token_mean"
   if "dynamic_sampling" in on:

@@ -16,10 +16,9 @@ def get_config(arg=None):
     raise ValueError(f"experiments/dppo.py: arg must be 'tv' or 'kl', got {arg!r}")
   c = base_config()
   c.run.dir = f"runs/dppo_{divergence}"
-  c.algo.name = f"dppo_{divergence}"
   c.algo.policy_loss = f"dppo_{divergence}"
-  c.algo.dppo_delta_low = 0.15 if divergence == "tv" else 0.05
-  c.algo.dppo_delta_high = 0.15 if divergence == "tv" else 0.05
+  if divergence == "kl":          # tv keeps the base thresholds, 0.15
+    c.algo.dppo_delta_low = c.algo.dppo_delta_high = 0.05
   c.algo.loss_agg = "token_mean"
   c.algo.minibatches = 2
   return c

@@ -12,7 +12,6 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/dr_grpo"
-  c.algo.name = "dr_grpo"
   c.algo.advantage = "dr_grpo"
   c.algo.loss_agg = "seq_mean_token_sum_norm"
   return c

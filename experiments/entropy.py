@@ -19,7 +19,6 @@ def get_config(arg=None):
     raise ValueError(f"unknown entropy step {step!r}; valid: {list(ABLATION_STEPS)}")
   c = base_config()
   c.run.dir = f"runs/entropy_{step}"
-  c.algo.name = f"entropy_{step}"
   c.algo.loss_agg = "token_mean"
   if step == "bonus":
     c.algo.entropy_coef = 0.001

@@ -13,10 +13,8 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/gmpo"
-  c.algo.name = "gmpo"
   c.algo.policy_loss = "geo_mean"
   c.algo.eps_low = 0.4          # log-space clip range [-0.4, 0.4]
   c.algo.eps_high = 0.4
-  c.algo.loss_agg = "seq_mean_token_mean"
   c.algo.minibatches = 2
   return c

@@ -12,7 +12,6 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/gpg"
-  c.algo.name = "gpg"
   c.algo.advantage = "gpg"
   c.algo.policy_loss = "gpg"
   c.algo.loss_agg = "token_mean"

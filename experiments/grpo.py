@@ -4,7 +4,7 @@ Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, Sec. 4.1. The base config al
 is GRPO on the "rare scratchpad" arithmetic task; this file only names the run.
 
     rljax train --config experiments/grpo.py                  # the embedded default
-    rljax train --config experiments/grpo.py:all_scratchpad   # the task before issue 14
+    rljax train --config experiments/grpo.py:all_scratchpad   # the earlier default task
 
 `all_scratchpad` is the earlier default: every demonstration worked, 2-4 terms, one
 update per rollout. Its SFT start is already strong (75-97 % greedy), so RL has little

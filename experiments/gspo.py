@@ -12,7 +12,6 @@ from rljax.train.config import base_config
 def get_config(arg=None):
   c = base_config()
   c.run.dir = "runs/gspo" + (f"_{arg}" if arg else "")
-  c.algo.name = "gspo"
   c.algo.ratio_level = "sequence_token" if arg == "token" else "sequence"
   c.algo.eps_low = 3e-4
   c.algo.eps_high = 4e-4

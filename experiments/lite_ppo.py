@@ -13,7 +13,6 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/lite_ppo"
-  c.algo.name = "lite_ppo"
   c.algo.advantage = "batch_std"
   c.algo.loss_agg = "token_mean"
   return c

@@ -23,9 +23,7 @@ def get_config(arg=None):
     raise ValueError(f"unknown lora step {step!r}; valid: {list(ABLATION_STEPS)}")
   c = base_config()
   c.run.dir = f"runs/lora_{step}"
-  c.algo.name = f"grpo_lora_{step}"
   if step != "full":
     c.model.lora_rank = int(step[1:])
-    c.model.lora_alpha = 32.0
     c.optim.actor_lr = c.optim.actor_lr * LR_MULTIPLIER
   return c

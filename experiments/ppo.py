@@ -1,4 +1,4 @@
-"""PPO with a critic (InstructGPT-style RLHF recipe, seed 001).
+"""PPO with a critic (the InstructGPT-style RLHF recipe).
 
 Ouyang et al. 2022, arXiv:2203.02155; Schulman et al. 2017, arXiv:1707.06347. GAE
 advantages from a value model, value clipping, per-token KL in the reward with the
@@ -13,17 +13,13 @@ from rljax.train.config import base_config
 def get_config(arg=None):
   c = base_config()
   c.run.dir = "runs/ppo" + (f"_{arg}" if arg else "")
-  c.algo.name = "ppo"
   c.algo.advantage = "gae"
-  c.algo.gamma = 1.0
   c.algo.lam = 0.95
   c.algo.whiten_advantages = True
-  c.algo.value_clip = 0.2
   c.algo.kl_placement = "reward"
   c.algo.kl_estimator = "k1"
   c.algo.kl_controller = "adaptive"
   c.algo.kl_coef = 0.01
-  c.algo.kl_target = 0.1
   c.algo.critic_warmup_iterations = 2
   c.algo.minibatches = 2
   c.algo.loss_agg = "token_mean"

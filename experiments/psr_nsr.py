@@ -17,7 +17,6 @@ def get_config(arg=None):
     raise ValueError(f"unknown psr_nsr step {step!r}; valid: {list(WEIGHTS)}")
   c = base_config()
   c.run.dir = f"runs/psr_nsr_{step}"
-  c.algo.name = f"psr_nsr_{step}"
   c.algo.policy_loss = "reinforce"
   c.algo.advantage = "dr_grpo"
   c.algo.psr_weight, c.algo.nsr_weight = WEIGHTS[step]

@@ -10,7 +10,6 @@ from rljax.train.config import base_config
 def get_config(arg=None):
   c = base_config()
   c.run.dir = "runs/reinforce_pp" + (f"_{arg}" if arg else "")
-  c.algo.name = "reinforce_pp"
   c.algo.advantage = "reinforce_pp_baseline" if arg == "baseline" else "reinforce_pp"
   c.algo.kl_placement = "reward"
   c.algo.kl_estimator = "k1"

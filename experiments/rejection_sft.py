@@ -1,4 +1,4 @@
-"""Rejection-sampling fine-tuning alternated with GRPO (Llama 2 style, seed 001).
+"""Rejection-sampling fine-tuning alternated with GRPO (Llama 2 style).
 
 Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
 arXiv:2307.09288, Sec. 3.2.3: sample K outputs per prompt, keep the best by reward,
@@ -14,17 +14,17 @@ it is correct, total score >= 1.0 = accuracy 1).
 
 from rljax.train.config import base_config
 
-MIN_SCORE = {"off": None, "best": None, "correct": 1.0}
-ABLATION_STEPS = tuple(MIN_SCORE)
+ABLATION_STEPS = ("off", "best", "correct")
 
 
 def get_config(arg=None):
   step = arg or "correct"
-  if step not in MIN_SCORE:
-    raise ValueError(f"unknown rejection_sft step {step!r}; valid: {list(MIN_SCORE)}")
+  if step not in ABLATION_STEPS:
+    raise ValueError(f"unknown rejection_sft step {step!r}; valid: {list(ABLATION_STEPS)}")
   c = base_config()
   c.run.dir = f"runs/rejection_sft_{step}"
-  c.algo.name = f"grpo_rsft_{step}"
-  c.algo.rsft_every = 0 if step == "off" else 10
-  c.algo.rsft_min_score = MIN_SCORE[step]
+  if step != "off":
+    c.algo.rsft_every = 10
+  if step == "correct":
+    c.algo.rsft_min_score = 1.0   # keep the best only if correct (best: whatever its score)
   return c

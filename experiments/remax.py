@@ -11,6 +11,5 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/remax"
-  c.algo.name = "remax"
   c.algo.advantage = "remax"
   return c

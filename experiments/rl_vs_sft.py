@@ -1,4 +1,4 @@
-"""RL versus SFT with the same budget (seed 002: "SFT memorises, RL generalises").
+"""RL versus SFT with the same budget ("SFT memorises, RL generalises").
 
 Chu et al. 2025, "SFT Memorizes, RL Generalizes", arXiv:2501.17161. From the same warm
 start, each step gets RL's budget of 60 iterations x 8 updates (and, for the sampling
@@ -28,12 +28,11 @@ def get_config(arg=None):
     raise ValueError(f"unknown rl_vs_sft step {step!r}; valid: {list(ABLATION_STEPS)}")
   c = base_config()
   c.run.dir = f"runs/rl_vs_sft_{step}"
-  c.algo.name = step
   c.task.ood_difficulty = 5
   if step == "continued_sft":
     c.algo.pg_coef, c.algo.ptx_coef = 0.0, 1.0
   elif step == "rejection_sft":
     c.algo.pg_coef = 0.0
-    c.algo.rsft_every, c.algo.rsft_k, c.algo.rsft_prompts = 1, 8, 16
+    c.algo.rsft_every, c.algo.rsft_prompts = 1, 16      # algo.rsft_k stays 8
     c.algo.rsft_steps, c.algo.rsft_lr, c.algo.rsft_min_score = 8, 1e-4, 1.0
   return c

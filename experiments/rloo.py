@@ -11,6 +11,5 @@ def get_config(arg=None):
   del arg
   c = base_config()
   c.run.dir = "runs/rloo"
-  c.algo.name = "rloo"
   c.algo.advantage = "rloo"
   return c

@@ -18,7 +18,7 @@ import numpy as np
 
 from rljax.analysis.passk import curve_from_record
 
-# The curves the DAPO authors say to watch (seed 004, arXiv:2503.14476 §4.3: reward,
+# The curves the DAPO authors say to watch (arXiv:2503.14476 §4.3: reward,
 # entropy, length) plus held-out accuracy, since training reward can rise while
 # held-out accuracy does not.
 WATCH_CURVES = (

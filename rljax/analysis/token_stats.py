@@ -1,9 +1,10 @@
 """Per-iteration token statistics of a rollout batch: what the update is about to act on.
 
-Seed 000's advice: analyse the rollout distribution before adding a trick. Entropy rises
-when high-probability tokens are often negatives or low-probability tokens often
-positives; it collapses when the covariance between log-prob and advantage stays
-positive (Cui et al. 2025). These statistics make both visible once per iteration.
+Analyse the rollout distribution before adding a trick. Entropy rises when
+high-probability tokens are often negatives or low-probability tokens often positives;
+it collapses when the covariance between log-prob and advantage stays positive (Cui et
+al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+Models", arXiv:2505.22617). These statistics make both visible once per iteration.
 
 Everything here runs on the host on one batch (NumPy in, Python floats out), so the
 trainer can write the dict straight to `metrics.jsonl`.

@@ -1,7 +1,7 @@
 """Trick impact: which tokens and sequences a loss variant promotes or suppresses.
 
-Seed 000: "when using a trick, we need to know which distribution of tokens the new loss
-promotes or suppresses; if we cannot tell, do not add it." Every policy-gradient loss
+Before using a trick, know which tokens the new loss promotes or suppresses; a trick
+whose effect on the token distribution cannot be told is not worth adding. Every policy-gradient loss
 built from `rljax.ops` has a gradient of the form
 
     ∇_θ L = −Σ_t w_t ∇_θ log π_θ(y_t),

@@ -1,6 +1,6 @@
 """Data audit: tell "hard" prompts from "wrong" (mislabeled) ones from many samples each.
 
-Seed 000 ("RL 数据"): a hard problem is one the model usually gets wrong and occasionally
+A hard problem is one the model usually gets wrong and occasionally
 solves; a wrong problem is one the model usually answers consistently, is marked wrong
 because the label differs, and occasionally "matches" the label by accident. So, from K
 sampled final answers per prompt:

@@ -1,6 +1,6 @@
 """Rejection-sampling fine-tuning data: best of K completions per prompt by reward.
 
-Llama 2 (Touvron et al. 2023, arXiv:2307.09288, Sec. 3.2.3; seed 001 "PPO结合拒绝采样微调"):
+Llama 2 (Touvron et al. 2023, arXiv:2307.09288, Sec. 3.2.3):
 sample K outputs per prompt, keep the highest-reward one, fine-tune on it; alternated with RL.
 """
 

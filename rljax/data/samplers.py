@@ -1,6 +1,6 @@
 """Prompt samplers: uniform, curriculum by difficulty, prioritized by online success rate.
 
-Kimi k1.5 (arXiv:2501.12599, Sec. 2.3.4 "Sampling Strategies"; seed 001 "采样策略"):
+Kimi k1.5 (arXiv:2501.12599, Sec. 2.3.4 "Sampling Strategies"):
 (a) curriculum sampling, from easy to hard tasks; (b) prioritized sampling, probability
 ∝ (1 − s_i) for the success rate s_i of problem i.
 

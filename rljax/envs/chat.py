@@ -4,9 +4,9 @@ A chat model ends each turn with its end-of-turn token (`<|im_end|>` for ChatML/
 `<|eot_id|>` for Llama 3); the template then writes what separates that turn from the next
 message (a newline for ChatML, nothing for Llama 3), the observation as a message of
 its own role, and the next assistant header. All of that is the observation's: its ids
-carry no loss. Re-rendering the whole history instead is the peers' most reported bug
-(templates are not append-only, a dropped "\\n" per seam: verl #6501, #3720;
-`shared/research/agentic.md` §2).
+carry no loss. Re-rendering the whole history instead is the most reported bug of other frameworks
+(templates are not append-only, a dropped "\\n" per seam: verl-project/verl#6501,
+verl-project/verl#3720).
 
 The rule here is derived once from the tokenizer's own template, by rendering a fixed
 two-message conversation with and without one more message (the fixed-base delta SkyRL

@@ -52,7 +52,7 @@ def gae(rewards, values, mask, *, gamma, lam):
   Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
   Estimation", arXiv:1506.02438, Eq. 16; recursion Â_t = δ_t + γλÂ_{t+1} run with
   `lax.scan(reverse=True)`. With γ = λ = 1 this is the Monte Carlo return minus the value
-  (seed 001: λ = 1 is the usual RLHF choice).
+  (λ = 1 is the usual RLHF choice: verl's default γ = λ = 1).
 
   Note: bootstrap convention. The value after the last real token is 0 (the episode ends at
   EOS; no bootstrap for truncated completions). Masked positions are skipped, not reset:
@@ -110,7 +110,7 @@ def discounted_returns(rewards, mask, *, gamma):
 def whiten(x, mask, *, shift_mean=True, axis_name=None, eps=1e-8):
   """Masked whitening (x − μ)·rsqrt(σ² + ε), optionally adding μ back (`shift_mean=False`).
 
-  Seed 001 ("RL Tricks", `whiten`; Ziegler et al. 2019, arXiv:1909.08593 code): rewards
+  The `whiten` of Ziegler et al. 2019, arXiv:1909.08593 (openai/lm-human-preferences): rewards
   are whitened with `shift_mean=False`, advantages with `shift_mean=True`. With `axis_name`
   the moments are global over the devices of that mapped axis (normalise over the global
   batch, not per data-parallel shard).
@@ -237,7 +237,7 @@ def reinforce_pp_advantages(rewards_bt, mask, *, gamma, axis_name=None):
   the reward, global advantage normalisation). G_t = r_t + γG_{t+1}, reset after EOS, then
   `whiten(G, mask, axis_name=axis_name)` (verl `compute_reinforce_plus_plus_outcome_advantage`).
 
-  Note: whitening uses the biased (ddof = 0) variance and ε = 1e-8 inside rsqrt (seed 001);
+  Note: whitening uses the biased (ddof = 0) variance and ε = 1e-8 inside rsqrt (`whiten`);
   verl's `masked_whiten` uses the unbiased variance. Masked tokens are skipped, not reset
   (identical for masks without interior gaps; see `gae`).
 

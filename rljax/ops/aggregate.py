@@ -7,8 +7,8 @@ over rows, so for micro-batches k = 1..K of one mini-batch
 
 exactly, and across devices `psum(sum) / psum(denominator)` is the global value. The
 denominator depends only on the mask, so for gradient accumulation compute it once for
-the whole mini-batch and divide every micro-batch's `sum` by it (PEERS (c) item 8: the
-loss must not depend on how a batch is split).
+the whole mini-batch and divide every micro-batch's `sum` by it (the loss must not
+depend on how a batch is split: volcengine/verl#5625).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ def entropy_from_logits(logits):
   """Entropy of softmax(z): H = logsumexp(z) − Σ_v softmax(z)_v·z_v, computed in float32.
 
   Shannon entropy H = −Σ p log p rewritten with log p = z − logsumexp(z), which needs no
-  log of a (possibly underflowed) probability (verl `entropy_from_logits`, PEERS 20).
-  Logits must already be divided by the sampling temperature (PEERS 21).
+  log of a (possibly underflowed) probability (verl `entropy_from_logits` in
+  `verl/utils/torch_functional.py`). Logits must already be divided by the sampling
+  temperature (huggingface/trl#4159 shows the ratios that result otherwise).
 
   Note: z is shifted by its (stop-gradient) max first, which leaves H and its gradient
   unchanged but avoids cancelling two large numbers when logits are large; −inf logits
@@ -83,7 +84,7 @@ def entropy_bonus(entropy_bt, mask, *, coef):
 
 
 class AdaptiveEntropyCoef(NamedTuple):
-  """Adaptive entropy coefficient as a pure state (TRL `entropy_coef`, PEERS 19).
+  """Adaptive entropy coefficient as a pure state (TRL `entropy_coef`, huggingface/trl#6140).
 
   Once per optimiser step with the global mean entropy H: coef += delta if H ≤ target,
   else coef −= delta, clipped to [min_value, max_value]. `coefficient(H)` is the coef to

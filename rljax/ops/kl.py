@@ -2,7 +2,7 @@
 
 With d = logπ_θ(y_t) − logπ_ref(y_t) for tokens sampled from π_θ (Schulman 2020,
 "Approximating KL Divergence", joschu.net/blog/kl-approx.html; verl
-`kl_penalty_forward`, PEERS (b) item 12):
+`kl_penalty_forward` in `verl/trainer/ppo/core_algos.py`):
 
 | kind         | per-token value                     | E_{π_θ}[·]             |
 |--------------|-------------------------------------|------------------------|
@@ -129,13 +129,13 @@ def _last_token_onehot(mask):
 def kl_penalized_rewards(scores_b, kl_bt, mask, *, beta):
   """Per-token rewards with a KL penalty: r_t = 1[t = last real token]·R − β·KL_t.
 
-  The RLHF token-level reward (seed 001 eq. 1; Ouyang et al. 2022, "Training language
+  The RLHF token-level reward (Ouyang et al. 2022, "Training language
   models to follow instructions with human feedback", arXiv:2203.02155, Eq. 2 written per
   token; Ziegler et al. 2019, arXiv:1909.08593, §2.2). The score R of the completion is
   put on its last real token (the EOS, or the last kept token of a truncated completion).
 
-  Note: KL_t is whatever estimator the caller chose (seed 001 eq. 2 uses k1 of the *old*
-  policy against the SFT/reference model). The "last real token" is the last position
+  Note: KL_t is whatever estimator the caller chose (Ouyang et al.'s Eq. 2 uses k1,
+  log π_RL/π_SFT, of the policy against the SFT/reference model). The "last real token" is the last position
   whose mask is set. Rows with an empty mask get all-zero rewards.
 
   Args:
@@ -163,11 +163,11 @@ class AdaptiveKLController(NamedTuple):
       e = clip(KL / target − 1, −0.2, 0.2),   β ← β · (1 + e · n_steps / horizon).
 
   A pure, jit-friendly state: `update` returns a new controller. Defaults are verl's
-  (init β 0.001, target 0.1, horizon 10000; PEERS (b) item 13).
+  (init β 0.001, target 0.1, horizon 10000; `verl/trainer/config/algorithm.py`).
 
   Note: the paper writes β ← β(1 + K_β e) with K_β = 0.1 per batch; the `n_steps/horizon`
-  gain is the form of the authors' code (lm-human-preferences), used by verl, OpenRLHF
-  and seed 001.
+  gain is the form of the authors' code (openai/lm-human-preferences), used by verl and
+  OpenRLHF.
   """
 
   value: chex.Numeric = 0.001

@@ -60,7 +60,8 @@ def truncated_is_weights(logp_trainer, logp_sampler, mask, *, cap=2.0, level="to
 
   Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
   Training" (fengyao.notion.site/off-policy-rl; the TIS-corrected gradient
-  E_{π_sampler}[min(π_fsdp/π_vllm, C)·∇logπ·A]). verl's default cap is C = 2 (PEERS 16).
+  E_{π_sampler}[min(π_fsdp/π_vllm, C)·∇logπ·A]). verl's default cap is C = 2
+  (`verl/trainer/ppo/rollout_corr_helper.py`).
 
   Args:
     logp_trainer: float [B, T].
@@ -80,7 +81,7 @@ def icepop_weights(logp_trainer, logp_sampler, mask, *, low=0.5, high=5.0, level
 
   Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale
   Thinking Model" (Ring-1T), arXiv:2510.18855, IcePop (double-sided masking calibration).
-  Defaults [0.5, 5.0] follow OpenRLHF (PEERS 16). `level="sequence", low=0, high=3`
+  Defaults [0.5, 5.0] follow OpenRLHF's `icepop` band. `level="sequence", low=0, high=3`
   reproduces TRL's default `sequence_mask` with C_max = 3.
 
   Args:
@@ -101,8 +102,8 @@ def icepop_weights(logp_trainer, logp_sampler, mask, *, low=0.5, high=5.0, level
 def sequence_mask(logp_trainer, logp_sampler, mask, *, low, high, level="geometric"):
   """Rejects whole sequences whose ratio leaves [low, high] (no reweighting).
 
-  Sequence-level rejection of the rollout-correction family (verl rollout_corr,
-  PEERS 16): keep sequence i iff low ≤ w_i ≤ high, with w_i the product ("sequence") or
+  Sequence-level rejection of the rollout-correction family (verl
+  `verl/trainer/ppo/rollout_corr_helper.py`): keep sequence i iff low ≤ w_i ≤ high, with w_i the product ("sequence") or
   geometric-mean ("geometric") ratio.
 
   Args:
@@ -126,7 +127,7 @@ def off_policy_sequence_mask(logp_policy, logp_sampler, advantages_b, mask, *, d
   """Off-policy sequence masking (OPSM): keep i iff Â_i ≥ 0 or mean_t(logπ_sampler − logπ_θ) ≤ δ.
 
   DeepSeek-AI 2025, "DeepSeek-V3.2", arXiv:2512.02556, Sec. 3.1 (keep routing, off-policy
-  sequence masking); TRL `get_off_policy_mask` (PEERS 18). Negative-advantage sequences
+  sequence masking); TRL `get_off_policy_mask` (`trl/trainer/grpo_trainer.py`). Negative-advantage sequences
   that drifted too far from the sampler are dropped.
 
   Args:
@@ -172,7 +173,7 @@ def _ess_fraction(w, mask, axis_name):
 
 
 def mismatch_diagnostics(logp_trainer, logp_sampler, mask, *, axis_name=None):
-  """Sampler-vs-trainer mismatch diagnostics (PEERS 16; Yao et al. 2025 TIS blog).
+  """Sampler-vs-trainer mismatch diagnostics (verl rollout correction; Yao et al. 2025 TIS blog).
 
   ESS is Kong's effective sample size (Σw)²/Σw², reported as a fraction of the sample
   count (1 = no mismatch).

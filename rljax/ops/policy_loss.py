@@ -47,7 +47,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
   DAPO's decoupled ε_low/ε_high "clip-higher" (Yu et al. 2025, "DAPO: An Open-Source LLM
   Reinforcement Learning System at Scale", arXiv:2503.14476, Eq. 10) and dual-clip PPO
   (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
-  Learning", arXiv:1912.09729, §3.3) in verl's form (PEERS (b) items 1 and 17).
+  Learning", arXiv:1912.09729, §3.3) in verl's form (`compute_policy_loss_vanilla` in
+  volcengine/verl `verl/trainer/ppo/core_algos.py`); `ratio_cap` is TRL's two-sided δ.
 
   `ratio_level` picks ρ:
     "token":          ρ_{i,t} = exp(log r_{i,t}) (PPO, GRPO, DAPO); see `token_log_ratio`.
@@ -117,7 +118,7 @@ def cispo_loss(logp, old_logp, advantages, mask, *, convention="two_sided", eps_
   MiniMax-M1 (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
   Lightning Attention", arXiv:2506.13585, Eqs. 4–5). Unlike PPO, a clipped token keeps its
   gradient −ŵ·A·∇logπ; only the weight is bounded. Two parameterisations of ŵ exist
-  (PEERS (b) item 9), chosen by name:
+  (verl `verl/trainer/ppo/core_algos.py` and TRL `trl/trainer/grpo_config.py`), chosen by name:
     "two_sided"    ŵ = clip(r, 1 − ε_low, 1 + ε_high)  (paper Eq. 5, verl). `eps_low=None`
                    means no lower bound, as the paper (and verl's example, ε_low = 10) use.
     "absolute_cap" ŵ = min(r, cap)                     (TRL, `cap` = its `epsilon_high`,
@@ -271,8 +272,8 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_fraction=2e-4, kl_coef=1
 
   Cui et al. 2025, arXiv:2505.22617, §4.2 (KL-Cov): the k = max(⌊kl_fraction·N⌋, 1)
   unmasked tokens with the largest Cov_t = (A_t − Ā)(logπ_t − mean logπ) get a KL penalty
-  to the old policy; no ratio clipping otherwise (verl `compute_policy_loss_kl_cov`,
-  PEERS (b) item 15; recipe kl_fraction 2e-4, coef 1).
+  to the old policy; no ratio clipping otherwise (verl `compute_policy_loss_kl_cov` in
+  `verl/trainer/ppo/core_algos.py`; its entropy recipe: kl_fraction 2e-4, coef 1).
 
   Note: the KL penalty is verl's |log r| (k1 magnitude). Deterministic top-k, ties
   broken by position; means and N are per call (per device shard).

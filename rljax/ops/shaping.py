@@ -1,6 +1,7 @@
 """Reward shaping on sequence scores: DAPO soft overlong punishment, length penalty,
 missing-EOS and n-gram repetition penalties, running z-score normalisation, clipping,
-and reward whitening (seed 001)."""
+and reward whitening (Zheng et al. 2023, "Secrets of RLHF in Large Language Models Part I:
+PPO", arXiv:2307.04964; Ziegler et al. 2019, arXiv:1909.08593)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def soft_overlong_penalty(lengths, *, max_len, cache_len):
     0                              if |y| ≤ L_max − L_cache,
     ((L_max − L_cache) − |y|)/L_cache  if L_max − L_cache < |y| ≤ L_max,
     −1                             if |y| > L_max.
-  Seed 004 (L_max = 20480, L_cache = 4096): no penalty up to 16384 tokens, linear to −1
-  at 20480. Added to the task score.
+  The paper's setting (L_max = 20480, L_cache = 4096): no penalty up to 16384 tokens,
+  linear to −1 at 20480. Added to the task score.
 
   Args:
     lengths: completion lengths in tokens, int or float [B].
@@ -137,7 +138,8 @@ class RunningMoments(NamedTuple):
 
   `update` merges a batch's moments with the running ones by the parallel (Chan et al.
   1979) form of Welford's algorithm, so the result equals the moments of everything seen
-  so far, whatever the batch split. Use for the z-score reward normalisation of seed 001.
+  so far, whatever the batch split. Use for the z-score reward normalisation of
+  `normalize_rewards`.
   """
 
   mean: jax.Array
@@ -177,7 +179,10 @@ class RunningMoments(NamedTuple):
 
 
 def normalize_rewards(rewards, moments, *, shift_mean=True, eps=1e-8):
-  """Z-score reward normalisation r ← (r − μ)/sqrt(σ² + ε) with running moments (seed 001).
+  """Z-score reward normalisation r ← (r − μ)/sqrt(σ² + ε) with running moments.
+
+  The reward normalisation of Zheng et al. 2023, "Secrets of RLHF in Large Language
+  Models Part I: PPO", arXiv:2307.04964 (PPO-max), with moments over every batch so far.
 
   Args:
     rewards: scores, any shape.
@@ -193,7 +198,7 @@ def normalize_rewards(rewards, moments, *, shift_mean=True, eps=1e-8):
 
 
 def clip_rewards(rewards, *, clip):
-  """Reward clipping r ← clip(r, −c, c) (seed 001, "reward normalisation and clipping").
+  """Reward clipping r ← clip(r, −c, c) (PPO-max's reward clipping, arXiv:2307.04964).
 
   Args:
     rewards: any shape.
@@ -205,7 +210,9 @@ def clip_rewards(rewards, *, clip):
 
 
 def whiten_rewards(rewards, mask, *, axis_name=None):
-  """`whiten(rewards, shift_mean=False)`: rescale to unit variance, keep the mean (seed 001).
+  """`whiten(rewards, shift_mean=False)`: rescale to unit variance, keep the mean.
+
+  The reward whitening of Ziegler et al. 2019, arXiv:1909.08593 (its code's `whiten`).
 
   Args:
     rewards: any shape.

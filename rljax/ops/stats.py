@@ -2,7 +2,8 @@
 
 All reductions here are safe on fully masked inputs: a denominator of zero yields 0,
 never NaN. `axis_name`, where accepted, makes the reduction global over the devices of
-a `shard_map`/`pmap` axis (seed 001: normalise over the global batch, not per shard).
+a `shard_map`/`pmap` axis: normalise over the global batch, not per shard
+(`tests/test_ops_whiten_sharded.py`).
 """
 
 from __future__ import annotations

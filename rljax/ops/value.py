@@ -25,10 +25,11 @@ class ValueLossDiagnostics(NamedTuple):
 def value_loss(values, old_values, returns, mask, *, clip_range):
   """Clipped value loss ½·max((v − R)², (clip(v, v_old − c, v_old + c) − R)²) per token.
 
-  Seed 001, Eq. 3 (PPO value-function clipping); Schulman et al. 2017, "Proximal Policy
+  PPO value-function clipping: Schulman et al. 2017, "Proximal Policy
   Optimization Algorithms", arXiv:1707.06347 (the OpenAI baselines implementation, see
   Engstrom et al. 2020, arXiv:2005.12729, Sec. 3 "value function clipping"). The ½ factor
-  follows verl/OpenRLHF (PEERS 14); seed 001's Eq. 3 has no ½.
+  follows verl/OpenRLHF (`compute_value_loss` in `verl/trainer/ppo/core_algos.py`); a
+  form without it only rescales `vf_coef`.
 
   Args:
     values: current critic values v, float [B, T].

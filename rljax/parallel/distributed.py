@@ -51,7 +51,7 @@ def initialize_distributed(coordinator_address: str | None = None,
     process_id = int(os.environ["JAX_PROCESS_ID"])
   explicit = coordinator_address or num_processes is not None or process_id is not None or kwargs
   if not explicit and cluster_process_count() > 1:
-    jax.distributed.initialize()   # JAX detects SLURM / MPI / TPU-pod peers itself
+    jax.distributed.initialize()   # JAX detects SLURM / MPI / TPU-pod processes itself
     return True
   if num_processes == 1 or not explicit:
     return False

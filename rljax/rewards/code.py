@@ -1,7 +1,7 @@
 """Test-case pass rate for code answers, executed in a sandboxed subprocess.
 
-Seed 000 ("Reward Shape: 用 test case 的通过率作为 reward"): the reward of a program is the
-fraction of its test statements that pass.
+The reward of a program is the fraction of its test statements that pass (a pass rate,
+not all-or-nothing).
 
 Containment layers of `run_tests` (each test in tests/test_rewards_code.py):
 - a fresh `python -I` process per program, its own session, killed as a process group

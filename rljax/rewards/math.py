@@ -1,7 +1,8 @@
 """Math answer equivalence: `is_equivalent(prediction, ground_truth) -> bool`.
 
-Accurate rewards are the one trick that always helps (seed 000, "RL 数据": a verifier must
-not give 0 to "盈利96%" when the label is 96, nor to π / 圆周率 / 3.1415926 when it is 3.14).
+Accurate rewards are the one trick that always helps: a verifier must not give 0 to
+"盈利96%" when the label is 96, nor to π / 圆周率 / 3.1415926 when it is 3.14
+(`tests/test_rewards_math.py`).
 
 Pipeline, for both strings:
 1. `extract_answer`: content of the first `<answer>...</answer>` block, else of the last

@@ -4,7 +4,7 @@ for the synthetic task is in `rljax.rewards.preferences`).
 
 Sequence layout (training, scoring and the critic initialised from the model all agree):
 `[bos] + prompt + completion + [eos]`, right-padded; the reward is the scalar head at the
-last real token, the EOS (seed 001; Ouyang et al. 2022, arXiv:2203.02155, Sec. 3.5).
+last real token, the EOS (Ouyang et al. 2022, arXiv:2203.02155, Sec. 3.5).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def kwise_ranking_loss(scores_bk, ranks_bk, mask_bk):
   """InstructGPT K-wise ranking loss, one batch element per prompt.
 
   loss(x) = −1/C(K,2) · Σ_{(y_w, y_l)} log σ(r(x, y_w) − r(x, y_l)) over all pairs of the
-  prompt's ranking (Ouyang et al. 2022, arXiv:2203.02155, Eq. 1; seed 003 Sec. 4.4).
+  prompt's ranking (Ouyang et al. 2022, arXiv:2203.02155, Eq. 1).
 
   Args:
     scores_bk: r(x_b, y_bk), float [B,K].
@@ -288,7 +288,7 @@ def _score_rows(graphdef, state, tokens_ns, attention_ns):
 class RewardModelScorer:
   """A trained `RewardModel` as a reward function `fn(prompt, completion) -> float`.
 
-  Scores `[bos] + prompt + completion + [eos]` at the EOS (seed 001; InstructGPT,
+  Scores `[bos] + prompt + completion + [eos]` at the EOS (InstructGPT,
   arXiv:2203.02155, Sec. 3.5). Usable as a term of `rljax.rewards.compose`.
 
   Args:

@@ -5,9 +5,9 @@ most row-steps are spent on finished rows. Here R requests (B prompts × n sampl
 S < R slots: one compiled `lax.while_loop` either inserts the next waiting request into
 a free slot (copying its prompt's KV in, prefilled once per prompt and kept for its n
 samples) or advances every slot by one token. No host round trip, one program per shape
-bucket. The design follows JetStream's `prefill` / `insert` / `generate` slot API and
-tpu-inference's "decode until a slot frees, then refill" loop (`shared/research/rollout.md`
-§1.1-1.3), written as one on-device loop.
+bucket. The design follows JetStream's (AI-Hypercomputer/JetStream) `prefill` / `insert` /
+`generate` slot API and tpu-inference's (vllm-project/tpu-inference) "decode until a slot
+frees, then refill" loop, written as one on-device loop.
 
 A request's tokens depend only on its own index r: its step t reads the uniform
 `row_uniforms(fold_in(rng, t), R)[r]`, exactly as row r of the static sampler

@@ -1,7 +1,7 @@
 """Multi-turn rollouts with environments, the KV cache continued across turns.
 
 Every peer re-sends the whole context to its sampler at each turn (verl, TRL, Tunix,
-SkyRL, rLLM; `shared/research/agentic.md`) and relies on prefix caching; re-tokenising
+SkyRL, rLLM) and relies on prefix caching; re-tokenising
 the text history is their most reported bug (sampler and trainer see different ids). Here
 a row's cache lives across the episode: when a turn ends, the environment's observation is
 tokenised once and its ids are *extend-prefilled* into the same row (with the turn's last
