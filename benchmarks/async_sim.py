@@ -16,8 +16,9 @@ The model
 - Generation cost of B rows with completion lengths ℓ_i on one device: prefill p per row
   plus decode steps costing a + b·(rows charged at that step):
     static      all rows charged until the longest ends (waves of `--slots` rows if set);
-    halving     rljax's continuous sampler with every request resident: rows move onto
-                half as many slots each time half have finished (charged = that slot count);
+    halving     rljax's continuous sampler with every request resident
+                (`rljax.sampling.continuous`): n rows until at most n//2 are active, then
+                compacted onto n//2, n//4, n//8, n//16 slots in turn (charged = the slots);
     continuous  ideal continuous batching: only active rows are charged; with `--slots`,
                 finished rows are refilled from a queue.
 - Devices: `--sampler-scaling data_parallel` (default) splits the batch into contiguous
@@ -83,6 +84,7 @@ BATCHING = ("static", "halving", "continuous")
 SAMPLER_SCALING = ("data_parallel", "linear")
 UPDATE_LAYOUTS = ("padded", "packed")
 STALENESS = (0, 1, 2, 4)
+DRAIN_LEVELS = 4   # slot halvings of rljax's continuous sampler (rljax.sampling.continuous)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,13 +134,11 @@ def _charged_rows_per_step(lengths, batching):
     return np.full(top, n)
   if batching == "continuous":
     return active
-  slots = np.full(top, n)   # halving: the smallest n/2^j (rounded up) that holds the active
-  while True:
-    half = -(-slots // 2)
-    shrink = (active <= half) & (half < slots)
-    if not shrink.any():
-      return slots
-    slots = np.where(shrink, half, slots)
+  levels = [n]   # halving: n, then n//2, n//4, ... (at most DRAIN_LEVELS halvings)
+  while len(levels) <= DRAIN_LEVELS and levels[-1] // 2 >= 1:
+    levels.append(levels[-1] // 2)
+  levels = np.array(levels[::-1])
+  return levels[np.searchsorted(levels, active, side="left")]   # the smallest that holds them
 
 
 def _makespan_steps(lengths, slots):

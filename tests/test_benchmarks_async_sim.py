@@ -38,18 +38,22 @@ UNIT = dict(decode_fixed_ms=1.0, decode_row_ms=1.0, prefill_row_ms=0.0)   # a = 
 LENGTHS = np.array([1, 2, 4, 8])
 
 
-@pytest.mark.parametrize("batching, slots, want_ms", [
-    ("static", 0, 8 * (1 + 4)),              # 8 steps, 4 rows charged throughout
-    ("continuous", 0, 8 + (1 + 2 + 4 + 8)),   # 8 steps + one row-step per generated token
+@pytest.mark.parametrize("batching, slots, lengths, want_ms", [
+    ("static", 0, LENGTHS, 8 * (1 + 4)),              # 8 steps, 4 rows charged throughout
+    ("continuous", 0, LENGTHS, 8 + (1 + 2 + 4 + 8)),  # 8 steps + one row-step per token
     # halving: rows charged per step 4, 4 (3 active), 2, 2, 1, 1, 1, 1 -> 16
-    ("halving", 0, 8 + 16),
+    ("halving", 0, LENGTHS, 8 + 16),
+    # 5 rows: step 2 has 3 active > 5 // 2, so all 5 stay charged.
+    ("halving", 0, [1, 1, 2, 2, 2], 2 + (5 + 5)),
+    # 64 rows, one of length 10: steps 2-10 charge the last level, 64 // 16 = 4 slots.
+    ("halving", 0, [1] * 63 + [10], 10 + (64 + 9 * 4)),
     # 2 slots refilled in order: slot A 1 then 4 (ends at 5), slot B 2 then 8 (ends at 10)
-    ("continuous", 2, 10 + 15),
-    ("static", 2, 2 * (1 + 2) + 8 * (1 + 2)),  # waves [1, 2] and [4, 8]
+    ("continuous", 2, LENGTHS, 10 + 15),
+    ("static", 2, LENGTHS, 2 * (1 + 2) + 8 * (1 + 2)),  # waves [1, 2] and [4, 8]
 ])
-def test_decode_cost_hand_computed(batching, slots, want_ms):
+def test_decode_cost_hand_computed(batching, slots, lengths, want_ms):
   costs = _costs(batching=batching, slots=slots, **UNIT)
-  assert sim.device_decode_s(LENGTHS, costs) == pytest.approx(want_ms / 1e3)
+  assert sim.device_decode_s(np.asarray(lengths), costs) == pytest.approx(want_ms / 1e3)
 
 
 def test_device_scaling_and_update_cost():
@@ -75,6 +79,10 @@ def test_synchronous_colocated_is_the_sum_of_phase_times():
   np.testing.assert_allclose(r.update_end_s, np.cumsum(gen + upd + 0.01), rtol=1e-12)
   assert r.trainer_idle == pytest.approx(np.sum(gen) / r.total_s)
   np.testing.assert_array_equal(r.lag, 0)
+  # Alternating on shared devices is work-conserving: any k costs the same sum.
+  for k in KS[1:]:
+    r = sim.run_config(workload, costs, split="colocated", k=k, n_devices=N)
+    assert r.total_s == pytest.approx(np.sum(gen + upd + 0.01), rel=1e-12)
 
 
 @pytest.mark.parametrize("batching", sim.BATCHING)
