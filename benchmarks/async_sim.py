@@ -19,8 +19,10 @@ The model
     halving     rljax's continuous sampler with every request resident
                 (`rljax.sampling.continuous`): n rows until at most n//2 are active, then
                 compacted onto n//2, n//4, n//8, n//16 slots in turn (charged = the slots);
-    continuous  ideal continuous batching: only active rows are charged; with `--slots`,
-                finished rows are refilled from a queue.
+    continuous  ideal continuous batching: only active rows are charged.
+  With `--slots` below the rows on a device, static runs in waves of that many rows;
+  halving and continuous refill the slots from a queue as rows finish (the final drain
+  charged per active row).
 - Devices: `--sampler-scaling data_parallel` (default) splits the batch into contiguous
   row blocks, one per sampler device; each device pays its own fixed cost a per step and
   the batch waits for the slowest device. `linear` divides the one-device time by the
@@ -157,9 +159,9 @@ def device_decode_s(lengths, costs):
   a, b, p = (x / 1e3 for x in (costs.decode_fixed_ms, costs.decode_row_ms, costs.prefill_row_ms))
   prefill = p * lengths.size
   slots = costs.slots if 0 < costs.slots < lengths.size else 0
-  if costs.batching == "continuous" and slots:
+  if costs.batching != "static" and slots:   # a queue refills the slots (drain charged per row)
     return prefill + a * _makespan_steps(lengths, slots) + b * lengths.sum()
-  if slots:   # static or halving, in waves of `slots` rows
+  if slots:   # static, in waves of `slots` rows
     return prefill + sum(device_decode_s(w, dataclasses.replace(costs, slots=0, prefill_row_ms=0))
                          for w in np.array_split(lengths, -(-lengths.size // slots)))
   charged = _charged_rows_per_step(lengths, costs.batching)

@@ -49,6 +49,7 @@ LENGTHS = np.array([1, 2, 4, 8])
     ("halving", 0, [1] * 63 + [10], 10 + (64 + 9 * 4)),
     # 2 slots refilled in order: slot A 1 then 4 (ends at 5), slot B 2 then 8 (ends at 10)
     ("continuous", 2, LENGTHS, 10 + 15),
+    ("halving", 2, LENGTHS, 10 + 15),   # with a queue, rljax's sampler refills slots too
     ("static", 2, LENGTHS, 2 * (1 + 2) + 8 * (1 + 2)),  # waves [1, 2] and [4, 8]
 ])
 def test_decode_cost_hand_computed(batching, slots, lengths, want_ms):
