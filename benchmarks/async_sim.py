@@ -53,10 +53,11 @@ capped at 256, batch 8 prompts × 8 samples, 8 devices.
     python benchmarks/async_sim.py --phases phases.json   # costs / lengths / times from a file
     python benchmarks/async_sim.py --measured runs/x/metrics.jsonl [--compare runs/y/...]
 
-`--phases` JSON: any cost flag by its dest name ("decode_fixed_ms", "update_token_ms",
+`--phases` JSON (its values win over the flags): any cost flag by its dest name ("decode_fixed_ms", "update_token_ms",
 "sync_s", "budget", ...); "lengths": a flat list (the empirical distribution) or one list
 per batch; "generate_s" / "update_s": measured seconds per batch (lists, replayed in turn,
-or numbers) on "devices" devices (default 1), which replace the cost model.
+or numbers) on "devices" devices (default 1), which replace the cost model (scaled
+linearly to other device counts).
 
 `--measured` reads `time/rollout_s` (else `time/generate_s` + `time/score_s`),
 `time/update_s` and `train/response_length_mean` per iteration of an rljax metrics file
