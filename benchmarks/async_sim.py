@@ -53,11 +53,11 @@ capped at 256, batch 8 prompts × 8 samples, 8 devices.
     python benchmarks/async_sim.py --phases phases.json   # costs / lengths / times from a file
     python benchmarks/async_sim.py --measured runs/x/metrics.jsonl [--compare runs/y/...]
 
-`--phases` JSON (its values win over the flags): any cost flag by its dest name ("decode_fixed_ms", "update_token_ms",
-"sync_s", "budget", ...); "lengths": a flat list (the empirical distribution) or one list
-per batch; "generate_s" / "update_s": measured seconds per batch (lists, replayed in turn,
-or numbers) on "devices" devices (default 1), which replace the cost model (scaled
-linearly to other device counts).
+`--phases` JSON (its values win over the flags): any cost flag by its dest name
+("decode_fixed_ms", "update_token_ms", "sync_s", "budget", ...); "lengths": a flat list
+(the empirical distribution) or one list per batch; "generate_s" / "update_s": measured
+seconds per batch (lists, replayed in turn, or numbers) on "devices" devices (default 1),
+which replace the cost model (scaled linearly to other device counts).
 
 `--measured` reads `time/rollout_s` (else `time/generate_s` + `time/score_s`),
 `time/update_s` and `train/response_length_mean` per iteration of an rljax metrics file
@@ -517,8 +517,9 @@ def main(argv=None):
   ks = [int(k) for k in args.staleness.split(",")]
   lengths = workload.lengths
   gen1, upd1 = phase_times(workload, costs, sampler_devices=1, trainer_devices=1, k=0)
+  spread = lengths.max() / lengths.mean()
   print(f"{args.iterations} iterations of {lengths.shape[1]} samples; lengths mean "
-        f"{lengths.mean():.1f}, max {lengths.max()} (max/mean {lengths.max() / lengths.mean():.1f})")
+        f"{lengths.mean():.1f}, max {lengths.max()} (max/mean {spread:.1f})")
   print(f"one-device phase seconds per batch: generate {gen1.mean():.3f} ({costs.batching}), "
         f"update {upd1.mean():.3f} ({costs.update_layout}); sync {costs.sync_s} s disjoint, "
         f"{costs.colocated_sync_s} s colocated; sampler scaling {costs.sampler_scaling}"
@@ -530,11 +531,12 @@ def main(argv=None):
       workload, costs, split="colocated", k=0, n_devices=args.devices)
   best = best_async(results) if any(k >= 1 for k in ks) else ("colocated", 0)
   r = results.get(best, sync)
+  gain = r.samples_per_s / sync.samples_per_s
   print(f"best asynchronous: {best[0]} k={best[1]}: {r.samples_per_s:.1f} samples/s vs "
-        f"synchronous colocated {sync.samples_per_s:.1f} ({r.samples_per_s / sync.samples_per_s:.2f}x)")
+        f"synchronous colocated {sync.samples_per_s:.1f} ({gain:.2f}x)")
   result = {"metric": "async_throughput_gain", "rljax": round(r.samples_per_s, 2),
             "peer": round(sync.samples_per_s, 2),
-            "ratio": round(r.samples_per_s / sync.samples_per_s, 3),
+            "ratio": round(gain, 3),
             "best": f"{best[0]} k={best[1]}"}
   print("RESULT " + json.dumps(result))
   return result
