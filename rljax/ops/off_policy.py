@@ -76,7 +76,7 @@ def behaviour_weights(prox_logp, behav_logp, mask, *, cap=5.0, cap_mode="mask", 
   arXiv:2505.24298, Eq. 5) from the behaviour policy's tokens to the proximal policy.
   The paper leaves it uncapped; AReaL's implementation bounds it:
     "mask"      w ← 0 where w > cap   (the token leaves the loss; AReaL `token_mask`, its
-                                        long-time default with cap 5)
+                                        former default, with cap 5)
     "truncate"  w ← min(w, cap)       (AReaL `token_truncate`)
   `level` picks w as in `rljax.ops.mismatch.mismatch_log_ratio`: "token" (AReaL's
   default), "geometric" (the per-sequence geometric mean of the token weights, AReaL's
@@ -133,9 +133,9 @@ def decoupled_ppo_loss(logp, prox_logp, behav_logp, advantages, mask, *, eps_low
   Note: the paper's w is uncapped; the default here follows AReaL's implementation,
   which rejects tokens with w > 5 (`behav_cap_mode="mask"`; `behav_cap=None` gives the
   paper's objective). A rejected token contributes 0 but keeps its place in the
-  normaliser: aggregate with the original `mask`. w is per token (AReaL's default),
-  which is also what makes a rollout whose tokens came from several weight versions
-  exact. Gradient flows only through u (into `logp`, and into `prox_logp` as in
+  normaliser: aggregate with the original `mask`. w is per token (AReaL's default), so a
+  rollout whose tokens were sampled by different weight versions simply carries each
+  token's own sampler log-prob in `behav_logp`. Gradient flows only through u (into `logp`, and into `prox_logp` as in
   `policy_loss`); w carries none.
 
   Args:
