@@ -91,8 +91,9 @@ def test_token_ppo_matches_numpy(adv_rank, hyper):
   r = np.exp(logp - old_logp)
   np.testing.assert_allclose(diag.ratio_bt, r * MASK, rtol=1e-5)   # the raw ratio
   np.testing.assert_allclose(diag.approx_kl_bt, (r - 1 - np.log(r)) * MASK, rtol=1e-4, atol=1e-6)
-  np.testing.assert_array_equal(diag.clip_high_bt, ((adv_bt > 0) & (r > 1 + hyper["eps_high"])) * MASK)
-  np.testing.assert_array_equal(diag.clip_low_bt, ((adv_bt < 0) & (r < 1 - hyper["eps_low"])) * MASK)
+  high, low = 1 + hyper["eps_high"], 1 - hyper["eps_low"]
+  np.testing.assert_array_equal(diag.clip_high_bt, ((adv_bt > 0) & (r > high)) * MASK)
+  np.testing.assert_array_equal(diag.clip_low_bt, ((adv_bt < 0) & (r < low)) * MASK)
   if "dual_clip" in hyper:
     np.testing.assert_array_equal(diag.clip_dual_bt, ((adv_bt < 0) & (r > 3.0)) * MASK)
   if "ratio_cap" in hyper:   # δ = 1.5 ≥ 1 + ε_high: the cap binds on A < 0 tokens only
