@@ -110,7 +110,7 @@ def grpo_passk_advantages(scores_bg, *, scale_by_std=True, eps=1e-6, mask_bg=Non
 
 
 def optimal_token_baseline_advantages(returns_bgt, logp_bgt, sum_pi_sq_bgt, mask_bgt, *,
-                                      eps=1e-8):
+                                      eps=1e-8, handle_zero_tail=True):
   """Optimal token baseline: a per-step baseline weighted by accumulated path variance.
 
   Â_t = G_t − B*_t,  B*_t = Σ_i G_{i,t}·W_{i,t} / (Σ_i W_{i,t} + ε),
@@ -120,8 +120,23 @@ def optimal_token_baseline_advantages(returns_bgt, logp_bgt, sum_pi_sq_bgt, mask
   proxy" of the variance). The sums over i run over a prompt's G samples at the same step t
   (verl `optimal_token_baseline`; Li, "Optimal Token Baseline", blog, 2025 — no arXiv id).
 
-  Note: groups of one sample get B* = 0 (verl). verl's optional zero-tail handling and
-  IS scaling of W are not included.
+  Zero tail (`handle_zero_tail`, verl's argument of the same name and default): a step t
+  that only one sample of the group reaches — the tail of the group's unique longest
+  response, past the second-longest — has a baseline made of that sample alone,
+  B*_t = G_t·W_t/(W_t + ε) ≈ G_t, so Â_t ≈ 0: those tokens, the response's final (stop)
+  token among them, get no gradient whatever the reward. With the handling on, B*_t = 0
+  there and Â_t = G_t, the rule already used for a group of one sample (there is nothing
+  to compare with, so no baseline): unbiased, with the variance of an unbaselined return.
+  Default True: otherwise the longest response of every group never learns from how it
+  ends, and a step with one sample would be treated unlike a group with one sample.
+
+  Note: groups with fewer than two samples that have a valid token get B* = 0 (verl counts
+  every member of the group, also one with no valid token; that matters only with
+  `handle_zero_tail=False`). The zero tail is applied per step: B*_t = 0 where exactly one
+  sample has a valid token at t. For completion masks (1 from the first token to EOS) this
+  is verl's rule (positions ≥ the second-longest length, on the unique longest sample);
+  for masks with holes it is the same idea per position (verl's multi-turn variant aligns
+  the k-th *valid* token of each sample instead). verl's IS scaling of W is not included.
 
   Args:
     returns_bgt: rewards-to-go G_t, float [B, G, T] (the outcome score on every real
@@ -130,6 +145,7 @@ def optimal_token_baseline_advantages(returns_bgt, logp_bgt, sum_pi_sq_bgt, mask
     sum_pi_sq_bgt: Σ_v π_v² of the full next-token distribution, [B, G, T].
     mask_bgt: [B, G, T].
     eps: ε in the denominator.
+    handle_zero_tail: baseline 0 at steps only one sample of the group reaches.
   Returns:
     advantages, float32 [B, G, T]; 0 at masked positions.
   """
@@ -141,7 +157,10 @@ def optimal_token_baseline_advantages(returns_bgt, logp_bgt, sum_pi_sq_bgt, mask
   w = jnp.cumsum(w_step, axis=-1) * m
   baseline = jnp.sum(g * w, axis=1, keepdims=True) / (jnp.sum(w, axis=1, keepdims=True) + eps)
   single = jnp.sum(jnp.any(m > 0, axis=-1), axis=1, keepdims=True)[..., None] < 2
-  baseline = jnp.where(single, 0.0, baseline)
+  baseline = jnp.where(single, 0.0, baseline)                       # [B, 1, T]
+  if handle_zero_tail:
+    alone = jnp.sum(m, axis=1, keepdims=True) == 1.0                # one sample at step t
+    baseline = jnp.where(alone, 0.0, baseline)
   return (g - baseline) * m
 
 
