@@ -38,6 +38,58 @@ def test_gpg_alpha_rescales_by_the_fraction_of_informative_samples():
                              group_advantages(informative, scale_by_std=False), rtol=1e-6)
 
 
+def _np_group_mean(scores, valid):
+  """Group mean over valid samples; a group with one valid sample has mean 0 (verl)."""
+  out = np.zeros(scores.shape[0])
+  for p in range(scores.shape[0]):
+    vals = scores[p][valid[p] > 0]
+    out[p] = vals.mean() if len(vals) > 1 else 0.0
+  return out[:, None]
+
+
+def np_gpg_authors(scores, valid, f_norm):
+  """arXiv:2504.02546: α = N/(N − M), M = samples in groups whose valid rewards are equal."""
+  n = valid.sum()
+  m = sum(valid[p].sum() for p in range(scores.shape[0])
+          if len(set(scores[p][valid[p] > 0].tolist())) <= 1)
+  alpha = n / max(n - m, 1)
+  return alpha * (scores - _np_group_mean(scores, valid)) / f_norm * valid
+
+
+def np_gpg_verl(scores, valid, f_norm):
+  """verl compute_gpg_outcome_advantage on the valid samples: bsz = their number,
+  alpha = bsz / count_nonzero(scores).clamp(min=1)."""
+  kept = scores[valid > 0]
+  alpha = len(kept) / max(int(np.count_nonzero(kept)), 1)
+  return alpha * (scores - _np_group_mean(scores, valid)) / f_norm * valid
+
+
+def test_gpg_alpha_conventions_on_binary_scores():
+  # 16 samples: two informative groups (3 correct among them) and two degenerate ones
+  scores = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]], np.float32)
+  ones = np.ones_like(scores)
+  authors = np.asarray(ag.gpg_advantages(scores))                 # default: the paper's α
+  verl = np.asarray(ag.gpg_advantages(scores, alpha="verl"))
+  np.testing.assert_allclose(authors, np_gpg_authors(scores, ones, 1.0), rtol=1e-6)
+  np.testing.assert_allclose(verl, np_gpg_verl(scores, ones, 1.0), rtol=1e-6)
+  np.testing.assert_allclose(authors[0, 0] / 0.75, 16 / 8, rtol=1e-6)    # α = 2.000
+  np.testing.assert_allclose(verl[0, 0] / 0.75, 16 / 7, rtol=1e-6)       # α ≈ 2.286
+  with pytest.raises(ValueError, match="authors"):
+    ag.gpg_advantages(scores, alpha="paper")
+
+
+@pytest.mark.parametrize("alpha", ["authors", "verl"])
+def test_gpg_alpha_matches_its_reference_with_invalid_samples(alpha):
+  rng = np.random.default_rng(2)
+  scores = rng.choice([-1.0, 0.0, 0.5, 1.0], (6, 5)).astype(np.float32)
+  scores[1] = 0.5                                 # a degenerate group with non-zero scores
+  valid = (rng.uniform(size=scores.shape) > 0.2).astype(np.float32)
+  valid[2] = [1, 0, 0, 0, 0]                      # one valid sample: mean 0
+  ref = {"authors": np_gpg_authors, "verl": np_gpg_verl}[alpha]
+  got = ag.gpg_advantages(scores, f_norm=2.0, mask_bg=valid, alpha=alpha)
+  np.testing.assert_allclose(got, ref(scores, valid, 2.0), rtol=1e-5, atol=1e-7)
+
+
 def test_grpo_passk_credits_only_the_best_sample_by_its_margin():
   scores = np.array([[0.2, 0.9, 0.5, 0.1], [1.0, 1.0, 0.0, 0.0]], np.float32)
   got = np.asarray(ag.grpo_passk_advantages(scores, eps=1e-6))
