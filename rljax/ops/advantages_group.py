@@ -54,7 +54,7 @@ def gpg_advantages(scores_bg, *, f_norm=1.0, mask_bg=None, alpha="authors"):
   gradient so that it is the mean over the N − M samples that carry a signal.
 
   `alpha` picks the convention:
-    "authors"  α = N/(N − M), the paper's definition (and its authors' code).
+    "authors"  α = N/(N − M), the paper's definition.
     "verl"     α = N/max(count_nonzero(r), 1), verl `compute_gpg_outcome_advantage`
                (`bsz / m.clamp(min=1)` with `m = torch.count_nonzero(scores)`).
   Note: the two agree only when the samples with a non-zero score are exactly those in
