@@ -32,14 +32,22 @@ def _inputs(seed, shape=MASK.shape, spread=0.4):
 
 
 def np_ppo(logp, old_logp, adv, mask, eps_low, eps_high, c=None, delta=None):
-  """PPO clip (arXiv:1707.06347 Eq. 7), DAPO decoupled ε (Eq. 10), dual clip, TRL δ."""
+  """PPO clip (arXiv:1707.06347 Eq. 7), DAPO decoupled ε (Eq. 10), verl's dual clip, and
+  TRL's two-sided clip: per_token_loss = −min(min(ρ, δ)·A, clamp(ρ, 1 − ε_low, 1 + ε_high)·A)
+  (GRPOTrainer `delta`: coef_2 is clamped from the raw ratio, then coef_1 is capped)."""
   r = np.exp(np.clip(logp - old_logp, -20, 20))
-  if delta is not None:
-    r = np.minimum(r, delta)
-  loss = np.maximum(-adv * r, -adv * np.clip(r, 1 - eps_low, 1 + eps_high))
+  coef_2 = np.clip(r, 1 - eps_low, 1 + eps_high)
+  coef_1 = r if delta is None else np.minimum(r, delta)
+  loss = -np.minimum(coef_1 * adv, coef_2 * adv)
   if c is not None:
     loss = np.where(adv < 0, np.minimum(loss, -adv * c), loss)
   return loss * mask
+
+
+def np_ppo_cap_first(logp, old_logp, adv, mask, eps_low, eps_high, delta):
+  """The order rljax used before: ρ ← min(ρ, δ), then the PPO clip on the capped ρ."""
+  r = np.minimum(np.exp(np.clip(logp - old_logp, -20, 20)), delta)
+  return np.maximum(-adv * r, -adv * np.clip(r, 1 - eps_low, 1 + eps_high)) * mask
 
 
 def np_gspo_objective(logp, old_logp, adv_b, mask, eps_low, eps_high):
@@ -81,17 +89,17 @@ def test_token_ppo_matches_numpy(adv_rank, hyper):
                hyper.get("dual_clip"), hyper.get("ratio_cap"))
   np.testing.assert_allclose(loss, ref, rtol=1e-5, atol=1e-6)
   r = np.exp(logp - old_logp)
-  r_used = np.minimum(r, hyper.get("ratio_cap", np.inf))
-  np.testing.assert_allclose(diag.ratio_bt, r_used * MASK, rtol=1e-5)
+  np.testing.assert_allclose(diag.ratio_bt, r * MASK, rtol=1e-5)   # the raw ratio
   np.testing.assert_allclose(diag.approx_kl_bt, (r - 1 - np.log(r)) * MASK, rtol=1e-4, atol=1e-6)
-  np.testing.assert_array_equal(diag.clip_high_bt, ((adv_bt > 0) & (r_used > 1 + hyper["eps_high"])) * MASK)
-  np.testing.assert_array_equal(diag.clip_low_bt, ((adv_bt < 0) & (r_used < 1 - hyper["eps_low"])) * MASK)
+  high, low = 1 + hyper["eps_high"], 1 - hyper["eps_low"]
+  np.testing.assert_array_equal(diag.clip_high_bt, ((adv_bt > 0) & (r > high)) * MASK)
+  np.testing.assert_array_equal(diag.clip_low_bt, ((adv_bt < 0) & (r < low)) * MASK)
   if "dual_clip" in hyper:
-    np.testing.assert_array_equal(diag.clip_dual_bt, ((adv_bt < 0) & (r_used > 3.0)) * MASK)
-  if "ratio_cap" in hyper:
-    np.testing.assert_array_equal(diag.ratio_cap_bt, (r > 1.5) * MASK)
-  np.testing.assert_allclose(diag.ratio_max, r_used[MASK > 0].max(), rtol=1e-6)
-  np.testing.assert_allclose(diag.ratio_min, r_used[MASK > 0].min(), rtol=1e-6)
+    np.testing.assert_array_equal(diag.clip_dual_bt, ((adv_bt < 0) & (r > 3.0)) * MASK)
+  if "ratio_cap" in hyper:   # δ = 1.5 ≥ 1 + ε_high: the cap binds on A < 0 tokens only
+    np.testing.assert_array_equal(diag.ratio_cap_bt, ((adv_bt < 0) & (r > 1.5)) * MASK)
+  np.testing.assert_allclose(diag.ratio_max, r[MASK > 0].max(), rtol=1e-6)
+  np.testing.assert_allclose(diag.ratio_min, r[MASK > 0].min(), rtol=1e-6)
 
 
 def test_gspo_matches_numpy_objective():
@@ -187,11 +195,119 @@ def test_dual_clip_bounds_negative_advantage_loss_at_c_abs_a():
   assert _single_token_grad(policy_loss, np.log(10.0), 1.0, dual_clip=c)[0] == pytest.approx(-1.2)
 
 
-def test_ratio_cap_bounds_the_ratio_before_clipping():
+def test_ratio_cap_bounds_the_negative_advantage_loss_at_delta_abs_a():
   value, grad = _single_token_grad(policy_loss, np.log(10.0), -1.0, ratio_cap=4.0)
   assert value == pytest.approx(4.0) and grad == 0.0
   value, grad = _single_token_grad(policy_loss, np.log(3.0), -1.0, ratio_cap=4.0)
   np.testing.assert_allclose([value, grad], [3.0, 3.0], rtol=1e-5)
+
+
+def test_ratio_cap_below_one_plus_eps_high_golden():
+  # δ = 1.2 < 1 + ε_high = 1.28, ε_low = 0.2. By hand from −min(min(ρ, δ)A, clip(ρ)A):
+  kw = dict(eps_low=0.2, eps_high=0.28, ratio_cap=1.2)
+  cases = [  # (ρ, A, loss, ∂loss/∂logπ)
+      (1.25, -1.0, 1.25, 1.25),   # max(min(1.25, 1.2), 1.25) = 1.25: keeps its gradient
+      (2.00, -1.0, 1.28, 0.0),    # max(1.2, clip 1.28) = 1.28: flat at (1 + ε_high)·|A|
+      (1.25, +1.0, -1.2, 0.0),    # min(1.2, 1.25) = 1.2: δ is the ceiling for A > 0
+      (1.10, +1.0, -1.1, -1.1),
+      (0.50, -1.0, 0.8, 0.0),     # the lower clip as usual
+  ]
+  for r, adv, want_value, want_grad in cases:
+    value, grad = _single_token_grad(policy_loss, np.log(r), adv, **kw)
+    np.testing.assert_allclose([value, grad], [want_value, want_grad], rtol=1e-5, atol=1e-7)
+  # capping ρ first (the old order) would give 1.2 and no gradient for the first token
+  assert np_ppo_cap_first(np.log([[1.25]]), np.zeros((1, 1)), -np.ones((1, 1)), 1, 0.2, 0.28,
+                          1.2)[0, 0] == pytest.approx(1.2)
+
+
+def _trl_ragged_batch():
+  """A ragged batch whose ratios fall on every side of 1 − ε_low, δ = 1.2 and 1 + ε_high."""
+  mask = np.array([[1] * 8, [1] * 6 + [0] * 2, [1] * 3 + [0] * 5, [1] * 7 + [0]], np.float32)
+  r = np.array([[0.5, 0.9, 1.1, 1.22, 1.25, 1.3, 2.0, 1.15],
+                [1.27, 1.21, 0.7, 1.05, 3.0, 1.24, 9.0, 9.0],
+                [1.26, 1.5, 0.85, 9.0, 9.0, 9.0, 9.0, 9.0],
+                [0.6, 1.23, 1.19, 1.29, 1.4, 0.95, 1.26, 9.0]])
+  rng = np.random.default_rng(7)
+  old_logp = rng.uniform(-3.0, -0.2, mask.shape)
+  logp = (old_logp + np.log(r)).astype(np.float32)
+  adv = np.where(rng.uniform(size=mask.shape) < 0.5, -1.0, 1.0) * rng.uniform(0.3, 2.0, mask.shape)
+  return logp, old_logp.astype(np.float32), adv.astype(np.float32), mask
+
+
+def _np_token_grad(fn, logp, *args, h=1e-6):
+  """∂(Σ loss)/∂logp by central differences of a NumPy reference (float64; token-local)."""
+  lp = logp.astype(np.float64)
+  return (fn(lp + h, *args) - fn(lp - h, *args)) / (2 * h)
+
+
+def test_ratio_cap_follows_trl_loss_and_gradient_below_one_plus_eps_high():
+  logp, old_logp, adv, mask = _trl_ragged_batch()
+  kw = dict(eps_low=0.2, eps_high=0.28, ratio_cap=1.2)
+  loss, diag = policy_loss(logp, old_logp, adv, mask, **kw)
+  ref = np_ppo(logp, old_logp, adv, mask, 0.2, 0.28, delta=1.2)
+  np.testing.assert_allclose(loss, ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(aggregate(loss, mask, "token_mean"), ref.sum() / mask.sum(),
+                             rtol=1e-5)
+  got_grad = _grad_logp(policy_loss, logp, old_logp, adv, mask=mask, **kw)
+  want_grad = _np_token_grad(lambda lp: np_ppo(lp, old_logp, adv, mask, 0.2, 0.28, delta=1.2),
+                             logp)
+  np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5)
+  # the old order really differs here (loss and gradient), so the test can tell them apart
+  old = np_ppo_cap_first(logp, old_logp, adv, mask, 0.2, 0.28, 1.2)
+  assert np.abs(old - ref).max() > 1e-2
+  old_grad = _np_token_grad(lambda lp: np_ppo_cap_first(lp, old_logp, adv, mask, 0.2, 0.28, 1.2),
+                            logp)
+  assert np.abs(old_grad - want_grad).max() > 1e-2
+  # diagnostics: the active bound of each token
+  r = np.exp(logp.astype(np.float64) - old_logp)
+  np.testing.assert_allclose(diag.ratio_bt, r * mask, rtol=1e-5)
+  want_cap = ((adv > 0) & (r > 1.2)) | ((adv < 0) & (r > 1.28))
+  np.testing.assert_array_equal(diag.ratio_cap_bt, want_cap * mask)
+  np.testing.assert_array_equal(diag.clip_high_bt, np.zeros_like(mask))   # δ is the ceiling
+  np.testing.assert_array_equal(diag.clip_low_bt, ((adv < 0) & (r < 0.8)) * mask)
+  # every flagged token is flat in ρ (no gradient), and the flags are exclusive
+  flagged = (np.asarray(diag.ratio_cap_bt) + np.asarray(diag.clip_low_bt)) > 0
+  assert flagged.sum() >= 6 and np.all(got_grad[flagged] == 0.0)
+  assert np.all(np.asarray(diag.ratio_cap_bt) * np.asarray(diag.clip_low_bt) == 0)
+
+
+def test_ratio_cap_follows_trl_at_sequence_level():
+  logp, old_logp, adv, mask = _trl_ragged_batch()
+  adv_b = adv[:, 0]
+  loss, diag = policy_loss(logp, old_logp, adv_b, mask, ratio_level="sequence", eps_low=0.2,
+                           eps_high=0.28, ratio_cap=1.15)
+  # TRL importance_sampling_level="sequence": s = exp(Σ(log r · m)/Σm), one (B, 1) ratio
+  # that goes through the same two-sided formula
+  log_r = (logp.astype(np.float64) - old_logp) * mask
+  s = np.exp(log_r.sum(1) / mask.sum(1))
+  want = -np.minimum(np.minimum(s, 1.15) * adv_b, np.clip(s, 0.8, 1.28) * adv_b)
+  np.testing.assert_allclose(loss, want[:, None] * mask, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(diag.ratio_bt)[:, 0], s, rtol=1e-5)
+  # s ≈ (1.11, 1.27, 1.17, 1.10) with A ≈ (−1.0, −1.8, +0.6, +1.0): the cap changes row 2
+  # (A > 0, s > δ); row 1 (A < 0, δ < s ≤ 1 + ε_high) keeps −A·s, where capping first
+  # would have given −A·δ
+  np.testing.assert_array_equal(np.asarray(diag.ratio_cap_bt)[:, 0], [0, 0, 1, 0])
+  np.testing.assert_allclose(want[1], -adv_b[1] * s[1], rtol=1e-6)
+  assert abs(want[1] + adv_b[1] * 1.15) > 0.1
+
+
+@pytest.mark.parametrize("delta", [1.28, 1.5, 4.0])
+def test_ratio_cap_at_or_above_one_plus_eps_high_equals_capping_first(delta):
+  logp, old_logp, adv, mask = _trl_ragged_batch()
+  loss, _ = policy_loss(logp, old_logp, adv, mask, eps_low=0.2, eps_high=0.28, ratio_cap=delta)
+  np.testing.assert_allclose(loss, np_ppo_cap_first(logp, old_logp, adv, mask, 0.2, 0.28, delta),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_ratio_cap_and_dual_clip_compose():
+  # A < 0: L = |A|·clip(ρ, 1 − ε_low, min(c, max(δ, 1 + ε_high))); the smaller bound is active
+  for delta, c, r, want, dual, cap in [(4.0, 3.0, 5.0, 3.0, 1, 0), (4.0, 3.0, 3.5, 3.0, 1, 0),
+                                       (2.0, 3.0, 5.0, 2.0, 0, 1), (2.0, 3.0, 1.5, 1.5, 0, 0)]:
+    logp = jnp.full((1, 1), np.log(r), jnp.float32)
+    loss, diag = policy_loss(logp, jnp.zeros((1, 1)), jnp.array([-1.0]), jnp.ones((1, 1)),
+                             dual_clip=c, ratio_cap=delta)
+    np.testing.assert_allclose(loss, [[want]], rtol=1e-5)
+    assert (float(diag.clip_dual_bt[0, 0]), float(diag.ratio_cap_bt[0, 0])) == (dual, cap)
 
 
 def test_cispo_keeps_gradient_on_clipped_tokens_ppo_does_not():

@@ -233,7 +233,9 @@ def test_dppo_tv_mask_keeps_rare_tokens_and_stops_large_probability_moves():
   np.testing.assert_array_equal(np.asarray(diag.clip_low_bt), [[0, 1, 0, 1]])
   np.testing.assert_array_equal(np.asarray(diag.ratio_cap_bt), [[1, 0, 0, 0]])
   g = _grad(gated.dppo_loss, logp, old, adv, mask=mask, divergence="tv")
-  np.testing.assert_allclose(g, -adv * np.minimum(r, 20.0) * valid, rtol=1e-5)
+  # default C = 3.0: verl's `clip_ratio_c` as ActorConfig / actor.yaml set it
+  np.testing.assert_allclose(g, -adv * np.minimum(r, 3.0) * valid, rtol=1e-5)
+  assert np.asarray(g)[0, 0] == pytest.approx(-3.0, rel=1e-5)   # ratio 100 truncated at 3
 
 
 def np_binary_kl(a, b):
@@ -251,7 +253,8 @@ def test_dppo_kl_uses_the_binary_kl_region_one_sided_by_advantage():
   d = np_binary_kl(p_old.astype(np.float64), p.astype(np.float64))
   valid = np.where(adv > 0, (d <= 0.05) | (p <= p_old), (d <= 0.05) | (p >= p_old))
   assert 0 < valid.sum() < valid.size
-  want = -adv * np.minimum(p / p_old, 20.0) * np.log(p) * valid
+  want = -adv * np.minimum(p / p_old, 3.0) * np.log(p) * valid   # default C = 3.0 (verl)
+  assert np.any((p / p_old > 3.0) & valid)   # the default truncation is exercised
   np.testing.assert_allclose(loss, want, rtol=1e-4, atol=1e-6)
   # on-policy both divergences keep every token and equal GPG
   tv, _ = gated.dppo_loss(np.log(p), np.log(p), adv, mask, divergence="tv")

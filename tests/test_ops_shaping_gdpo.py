@@ -62,6 +62,68 @@ def test_gdpo_equals_the_reference_of_its_equations():
                              rtol=1e-5, atol=1e-5)
 
 
+def _np_masked_whiten_verl(values, mask):
+  """verl `masked_whiten`: (x − μ)·rsqrt(var + 1e-8), μ and the Bessel-corrected variance
+  over the positions where mask = 1."""
+  n = mask.sum()
+  mean = (values * mask).sum() / (n + 1e-8)
+  var = (((values - mean) ** 2) * mask).sum() / (n + 1e-8) * n / (n - 1)
+  return (values - mean) / np.sqrt(var + 1e-8)
+
+
+def _np_gdpo_verl(r_bgk, w_k, lengths_bg, eps):
+  """verl `compute_gdpo_outcome_advantage`: GRPO advantage per reward (torch.std, ddof 1),
+  weighted sum, broadcast over each response's tokens, `masked_whiten` on the token mask."""
+  b, g, k = r_bgk.shape
+  t = int(lengths_bg.max())
+  mask = (np.arange(t)[None] < lengths_bg.reshape(-1, 1)).astype(np.float64)   # [B·G, T]
+  total = np.zeros(b * g)
+  for j in range(k):
+    r = r_bgk[..., j].astype(np.float64)
+    adv = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + eps)
+    total += w_k[j] * adv.reshape(-1)
+  token_adv = _np_masked_whiten_verl(total[:, None] * mask, mask) * mask
+  return token_adv[:, 0].reshape(b, g)        # every response has ≥ 1 token
+
+
+def _gdpo_batch():
+  rng = np.random.default_rng(5)
+  r = np.stack([rng.integers(0, 2, (4, 4)), rng.normal(size=(4, 4))], -1).astype(np.float32)
+  lengths = rng.integers(1, 40, (4, 4))
+  return r, np.array([1.0, 0.5], np.float32), lengths
+
+
+def test_gdpo_whiten_over_tokens_equals_verl_reference():
+  r, w, lengths = _gdpo_batch()
+  got = ag.gdpo_advantages(r, w, eps=1e-6, whiten_over="tokens", lengths_bg=lengths)
+  np.testing.assert_allclose(got, _np_gdpo_verl(r, w, lengths, 1e-6), rtol=1e-4, atol=1e-5)
+  # and it is not the per-sample whitening: long responses weigh more
+  samples = ag.gdpo_advantages(r, w, eps=1e-6)
+  assert np.abs(np.asarray(got) - np.asarray(samples)).max() > 0.05
+  np.testing.assert_allclose(samples, _gdpo_reference(r, w, 1e-6), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="lengths_bg"):
+    ag.gdpo_advantages(r, w, whiten_over="tokens")
+  with pytest.raises(ValueError, match="whiten_over"):
+    ag.gdpo_advantages(r, w, whiten_over="sequences")
+
+
+def test_gdpo_whitening_weights_by_length_with_invalid_samples():
+  # "tokens" weighs sample i by |y_i|: with integer lengths it equals the sample
+  # whitening of a batch in which sample i is repeated |y_i| times (invalid ones dropped)
+  r, w, lengths = _gdpo_batch()
+  valid = np.ones((4, 4), np.float32)
+  valid[1, 2] = valid[3, 0] = 0
+  got = np.asarray(ag.gdpo_advantages(r, w, mask_bg=valid, whiten_over="tokens",
+                                      lengths_bg=lengths))
+  # the sample-whitened advantages are Σ_k w_k A_k up to an affine map (x ↦ a·x + b,
+  # a > 0), which whitening removes again (up to ε)
+  summed = np.asarray(ag.gdpo_advantages(r, w, mask_bg=valid, whiten_over="samples"))
+  rep = np.repeat(summed[valid > 0], lengths[valid > 0])
+  want = (summed - rep.mean()) / (rep.std(ddof=1) + 1e-6)
+  np.testing.assert_allclose(got[valid > 0], want[valid > 0], rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(got[valid == 0], 0.0)
+
+
 def test_gdpo_keeps_apart_what_grpo_collapses():
   # Two binary rewards, two samples per group. Group 0: the second sample earns one reward;
   # group 1: it earns both. GRPO on the sum gives both winners the same advantage (the

@@ -32,7 +32,7 @@ def _check_hyper(eps_low, eps_high, dual_clip, ratio_cap):
   if isinstance(dual_clip, int | float) and dual_clip <= 1.0:
     raise ValueError(f"dual_clip c must be > 1 (Ye et al. 2020), got {dual_clip}")
   if isinstance(ratio_cap, int | float) and ratio_cap <= 1.0:
-    raise ValueError(f"ratio_cap delta must be > 1 (TRL recommends > 1 + eps), got {ratio_cap}")
+    raise ValueError(f"ratio_cap delta must be > 1, got {ratio_cap}")
 
 
 def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_low=0.2,
@@ -40,15 +40,27 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
   """PPO clipped surrogate with decoupled clip, dual clip, ratio cap; token or GSPO ratio.
 
   Per token, with ratio ρ and advantage A:
-    ρ ← min(ρ, δ)                                   if `ratio_cap` δ is set (TRL)
-    L = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))
-    L ← min(L, c·|A|)  where A < 0                   if `dual_clip` c is set
+    L = −min(min(ρ, δ)·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A)    (δ = ∞ unless `ratio_cap`)
+    L ← min(L, c·|A|)  where A < 0                              if `dual_clip` c is set
   i.e. −min(ρA, clip(ρ)A) of PPO (Schulman et al. 2017, arXiv:1707.06347, Eq. 7) with
   DAPO's decoupled ε_low/ε_high "clip-higher" (Yu et al. 2025, "DAPO: An Open-Source LLM
-  Reinforcement Learning System at Scale", arXiv:2503.14476, Eq. 10) and dual-clip PPO
+  Reinforcement Learning System at Scale", arXiv:2503.14476, Eq. 10), dual-clip PPO
   (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
-  Learning", arXiv:1912.09729, §3.3) in verl's form (`compute_policy_loss_vanilla` in
-  volcengine/verl `verl/trainer/ppo/core_algos.py`); `ratio_cap` is TRL's two-sided δ.
+  Learning", arXiv:1912.09729, §3.3) in verl's form (`compute_policy_loss_vanilla` and `clip_ratio_c` in
+  volcengine/verl `verl/trainer/ppo/core_algos.py`), and the two-sided GRPO clip of INTELLECT-2 (Prime Intellect Team 2025,
+  "INTELLECT-2: A Reasoning Model Trained Through Globally Decentralized Reinforcement
+  Learning", arXiv:2505.07291, §4.1, δ = 4 there) in TRL's form (`GRPOTrainer`, argument
+  `delta`): δ caps only the *unclipped* branch; the clipped branch still sees the raw ρ.
+
+  Per sign of A this is (lo = 1 − ε_low, hi = 1 + ε_high; δ = ∞, c = ∞ when unset):
+    A > 0:  L = −A·min(ρ, δ, hi)                      (δ < hi replaces hi as the ceiling)
+    A < 0:  L = |A|·clip(ρ, lo, min(c, max(δ, hi)))
+  so for A < 0 the cap bounds the loss at δ·|A| when δ ≥ hi (INTELLECT-2's purpose: a
+  token with a huge ratio and a negative advantage cannot blow up the update), and at
+  hi·|A| when δ < hi. Any δ > 1 is valid. For δ ≥ hi this equals capping ρ before the
+  clip (ρ ← min(ρ, δ), then PPO); for 1 < δ < hi the two orders differ on A < 0 tokens
+  with ρ > δ (capping first would bound them at δ·|A|; TRL's order lets ρ ∈ (δ, hi] keep
+  its gradient and bounds the loss at hi·|A|).
 
   `ratio_level` picks ρ:
     "token":          ρ_{i,t} = exp(log r_{i,t}) (PPO, GRPO, DAPO); see `token_log_ratio`.
@@ -63,9 +75,17 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
                       (GSPO-token, arXiv:2507.18071 §4.3); equals "sequence" in value, and
                       in gradient under `seq_mean_token_mean` when A is constant per sequence.
 
-  Note: log-ratios are clamped to ±20 before exp (see `rljax.ops.ratios`). The dual clip
-  and ratio cap also apply at sequence level (to s_i). Clip fractions count a token as
-  clipped only when the clipped branch is the active one (TRL's low/high definition).
+  Note: log-ratios are clamped to ±20 before exp (see `rljax.ops.ratios`). The ratio cap
+  and the dual clip act on the ratio the level defines: at sequence level on s_i, as TRL
+  does with `importance_sampling_level="sequence"` (it caps its sequence ratio the same
+  way); TRL has neither a GSPO-token level nor a dual clip, so for those rljax applies the
+  formulas above unchanged (for "sequence_token" a capped s_i stops the gradient of every
+  token of the sequence). The dual clip comes last, on the capped loss, as verl bounds
+  its final PPO loss. Diagnostics name the bound that is active (the loss is flat in ρ
+  because of it): `clip_high_bt` A > 0 and ρ > hi with hi ≤ δ; `clip_low_bt` A < 0 and
+  ρ < lo; `ratio_cap_bt` the cap changed the loss, i.e. A > 0 and ρ > δ with δ < hi, or
+  A < 0 and ρ > max(δ, hi), and the dual clip does not bound it; `clip_dual_bt` the dual
+  clip bounds it. `ratio_bt` is the raw ρ (s_i at sequence level), before any cap.
 
   Args:
     logp: current-policy log-probs of the sampled tokens, [B, T].
@@ -76,7 +96,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
     eps_low: lower clip range ε_low (ratio floor 1 − ε_low).
     eps_high: upper clip range ε_high (ratio ceiling 1 + ε_high; DAPO uses 0.28).
     dual_clip: c > 1 bounding the loss of A < 0 tokens at c·|A| (verl: 3.0), or None.
-    ratio_cap: δ > 1; the ratio is replaced by min(ρ, δ) before clipping (TRL), or None.
+    ratio_cap: δ > 1 capping the unclipped branch, min(ρ, δ)·A (TRL `delta`, INTELLECT-2;
+      TRL recommends δ > 1 + ε), or None.
   Returns:
     (loss_bt float32 [B, T] with 0 at masked positions, PolicyLossDiagnostics).
   """
@@ -92,22 +113,25 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
   else:
     log_r = gspo_token_log_ratio(logp, old_logp, mask)
   ratio = jnp.exp(log_r)
-  capped = jnp.zeros(mask.shape, bool)
-  if ratio_cap is not None:
-    capped = ratio > ratio_cap
-    ratio = jnp.minimum(ratio, ratio_cap)
   clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-  loss = jnp.maximum(-adv * ratio, -adv * clipped_ratio)
+  unclipped_ratio = ratio if ratio_cap is None else jnp.minimum(ratio, ratio_cap)
+  loss = jnp.maximum(-adv * unclipped_ratio, -adv * clipped_ratio)
   dual = jnp.zeros(mask.shape, bool)
   if dual_clip is not None:
     bound = -adv * dual_clip
     dual = (adv < 0) & (loss > bound)
     loss = jnp.where(adv < 0, jnp.minimum(loss, bound), loss)
+  high = (adv > 0) & (ratio > 1.0 + eps_high)
+  capped = jnp.zeros(mask.shape, bool)
+  if ratio_cap is not None:
+    cap_below_high = jnp.asarray(ratio_cap < 1.0 + eps_high)
+    capped = (((adv > 0) & (ratio > ratio_cap) & cap_below_high)
+              | ((adv < 0) & (ratio > jnp.maximum(ratio_cap, 1.0 + eps_high)) & ~dual))
+    high = high & ~cap_below_high
   diag = _diagnostics(
       mask, ratio, log_r_token,
       clip_low_bt=(adv < 0) & (ratio < 1.0 - eps_low),
-      clip_high_bt=(adv > 0) & (ratio > 1.0 + eps_high),
-      clip_dual_bt=dual, ratio_cap_bt=capped)
+      clip_high_bt=high, clip_dual_bt=dual, ratio_cap_bt=capped)
   return jnp.where(mask > 0, loss, 0.0), diag
 
 

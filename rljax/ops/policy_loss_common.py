@@ -19,10 +19,14 @@ class PolicyLossDiagnostics(NamedTuple):
 
   Attributes:
     clip_low_bt: A < 0 and the ratio is below the lower bound (lower clip active).
-    clip_high_bt: A > 0 and the ratio is above the upper bound (upper clip active). For
-      CISPO: the IS weight was truncated from above (any sign of A).
+    clip_high_bt: A > 0 and the ratio is above the upper bound (upper clip active; with a
+      ratio cap δ < 1 + ε_high the cap is the active bound instead). For CISPO: the IS
+      weight was truncated from above (any sign of A).
     clip_dual_bt: A < 0 and the loss was bounded by the dual clip c·|A|.
-    ratio_cap_bt: the ratio exceeded the two-sided cap δ and was replaced by δ.
+    ratio_cap_bt: the ratio cap decided the token's loss. `policy_loss`: the cap δ of the
+      unclipped branch changed the loss and made it flat in the ratio (A > 0 and ρ > δ
+      with δ < 1 + ε_high; A < 0 and ρ > max(δ, 1 + ε_high), unless the dual clip binds).
+      `dppo_loss`: the stop-gradient IS weight was truncated at C.
     cov_selected_bt: tokens picked by Clip-Cov (loss detached) or KL-Cov (KL added).
     ratio_bt: the ratio the loss used (the sequence ratio s_i broadcast for GSPO).
     approx_kl_bt: k3 estimate of KL(π_old‖π_θ) per token, (r − 1) − log r with the

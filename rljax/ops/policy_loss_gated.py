@@ -140,7 +140,7 @@ def binary_kl(p_old, p):
 
 
 def dppo_loss(logp, old_logp, advantages, mask, *, divergence="tv", delta_low=0.15,
-              delta_high=0.15, ratio_cap=20.0):
+              delta_high=0.15, ratio_cap=3.0):
   """DPPO: a trust region on the sampled token's probability, not on the ratio.
 
   L_t = −A_t·sg(min(r_t, C))·logπ_θ(y_t)·M_t, with the binary mask M_t (no gradient):
@@ -155,7 +155,13 @@ def dppo_loss(logp, old_logp, advantages, mask, *, divergence="tv", delta_low=0.
 
   Note: the loss value depends on logπ; only the gradient sg(w)·A·∇logπ is meaningful
   (as for CISPO). `delta_*` defaults are illustrative; the verl recipe sets them per
-  divergence. Aggregate with "token_mean".
+  divergence. Aggregate with "token_mean". C: verl reads it from the actor's
+  `clip_ratio_c`, the dual-clip constant, which `ActorConfig` and `actor.yaml` set to 3.0,
+  so 3.0 is what verl runs with unless told otherwise (its in-code fallback of 20 applies
+  only when the key is absent, which never happens with verl's own configs); the default
+  here is that 3.0. verl's comment beside it recommends a large C (§5.4 of the paper: truncation
+  biases the gradient), and its DPPO example script sets `clip_ratio_c=10000.0`, i.e. no
+  truncation in practice: pass a large `ratio_cap` to reproduce that recipe.
 
   Args:
     logp, old_logp: current / old log-probs, [B, T].
@@ -163,7 +169,8 @@ def dppo_loss(logp, old_logp, advantages, mask, *, divergence="tv", delta_low=0.
     mask: completion mask, [B, T].
     divergence: "tv" or "kl".
     delta_low, delta_high: divergence thresholds for A ≤ 0 / A > 0.
-    ratio_cap: C, the truncation of the stop-gradient IS weight (verl: 20).
+    ratio_cap: C ≥ 1, the truncation of the stop-gradient IS weight (verl's effective
+      default 3.0; its DPPO example uses 1e4).
   Returns:
     (loss_bt [B, T], PolicyLossDiagnostics); clip_high_bt / clip_low_bt mark masked-out
     tokens with A > 0 / A < 0, ratio_cap_bt the truncated weights.
