@@ -3,9 +3,21 @@
 Per iteration: `token_statistics` (entropy quantiles, entropy by advantage sign,
 Cov(log π, A), clipped tokens by probability). Per batch and pair of loss variants:
 `impact_report` (effective gradient weights, bucketed) with `format_impact_table` and
-`plot_impact`. Evaluation: `pass_at_k_curve`, `avg_at_k`, `plot_pass_at_k`.
+`plot_impact`. Evaluation: `pass_at_k_curve`, `avg_at_k`, `plot_pass_at_k`. Ablations:
+`paired_effect` (paired effect of one step over another, calibrated interval, verdict),
+`detectable_effect`, `effects_report` with `effects_markdown` and `plot_effects`.
 """
 
+from rljax.analysis.effects import (
+    Effect,
+    detectable_effect,
+    effects_markdown,
+    effects_report,
+    iqm,
+    paired_effect,
+    pass_at_k_outcome,
+    plot_effects,
+)
 from rljax.analysis.passk import (
     avg_at_k,
     correct_counts,
@@ -34,10 +46,11 @@ from rljax.analysis.trick_impact import (
 )
 
 __all__ = [
-    "ImpactReport", "LossVariant", "SequenceBuckets", "as_variant", "avg_at_k",
+    "Effect", "ImpactReport", "LossVariant", "SequenceBuckets", "as_variant", "avg_at_k",
     "clip_breakdown", "clip_by_probability_bt", "correct_counts", "curve_from_record",
-    "effective_weights", "entropy_summary", "format_impact_table", "impact_report",
-    "impact_section", "logp_advantage_covariance", "pass_at_k_curve", "pass_at_k_metrics",
-    "plot_ablation", "plot_curves", "plot_impact", "plot_pass_at_k", "token_statistics",
-    "variant_from_config",
+    "detectable_effect", "effective_weights", "effects_markdown", "effects_report",
+    "entropy_summary", "format_impact_table", "impact_report", "impact_section", "iqm",
+    "logp_advantage_covariance", "paired_effect", "pass_at_k_curve", "pass_at_k_metrics",
+    "pass_at_k_outcome", "plot_ablation", "plot_curves", "plot_effects", "plot_impact",
+    "plot_pass_at_k", "token_statistics", "variant_from_config",
 ]
