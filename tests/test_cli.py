@@ -14,8 +14,7 @@ import sys
 import pytest
 
 from rljax import cli
-from rljax.train import ablate as ablate_lib
-from rljax.train import loop
+from rljax.cli import commands
 from rljax.train.config import load_config, parse_override_value
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -149,7 +148,7 @@ def test_ablate_hands_the_runner_values_it_reads_back_exactly(monkeypatch, capsy
                         (item.split("=", 1) for item in overrides)})
     return "report.md"
 
-  monkeypatch.setattr(ablate_lib, "run_ablation", fake_run_ablation)
+  monkeypatch.setattr(commands, "run_ablation", fake_run_ablation)
   cli.main(["ablate", "experiments/dapo.py", "--seeds", "0-2",
             "--set", "task.reward_fns=[\"examples/reverse_task.py:brevity\"]",
             "--set", "task.hf_config=1e5", "--set", "algo.dynamic_sampling=yes",
@@ -165,7 +164,7 @@ def test_ablate_hands_the_runner_values_it_reads_back_exactly(monkeypatch, capsy
 
 def test_train_runs_the_validated_config(monkeypatch, capsys):
   seen = []
-  monkeypatch.setattr(loop, "train", lambda config: seen.append(config) or {"acc": 1.0})
+  monkeypatch.setattr(commands, "train", lambda config: seen.append(config) or {"acc": 1.0})
   cli.main(["train", "--config", "experiments/grpo.py", "--config.run.iterations=3",
             "--config.task.reward_fns=[\"examples/reverse_task.py:brevity\"]"])
   assert seen[0].run.iterations == 3

@@ -82,7 +82,7 @@ def test_a_template_whose_assistant_turn_does_not_end_with_eos_is_refused(tmp_pa
 
 
 def test_observation_truncation_counts_the_text_not_the_seam(tmp_path):
-  from rljax.train.multiturn import observation_ids
+  from rljax.train.rollout.environments import observation_ids
   tok = _tokenizer(tmp_path, "chatml")
   seam = ChatSeam(tok)
   text = "tool output: 7 apples " * 5

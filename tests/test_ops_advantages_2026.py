@@ -9,7 +9,7 @@ import pytest
 from rljax.ops import advantages_group as ag
 from rljax.ops.advantages import group_advantages
 from rljax.ops.kl import is_corrected_kl, kl_estimate
-from rljax.train.reference import mix_reference
+from rljax.train.params.reference import mix_reference
 
 
 def test_opo_uses_the_length_weighted_baseline():

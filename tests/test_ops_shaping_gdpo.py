@@ -168,7 +168,8 @@ def test_sum_of_squared_probabilities_from_hidden_equals_numpy():
 def test_trainer_optimal_token_baseline_uses_the_reward_to_go_and_the_kernel():
   import jax.numpy as jnp
 
-  from rljax.train.advantages import AdvantageSpec, compute_advantages
+  from rljax.train.config.specs import AdvantageSpec
+  from rljax.train.update.advantages import compute_advantages
 
   rng = np.random.default_rng(4)
   b, g, t = 2, 3, 4
@@ -177,8 +178,9 @@ def test_trainer_optimal_token_baseline_uses_the_reward_to_go_and_the_kernel():
            "mask": mask, "old_logp": np.log(rng.uniform(0.1, 1, (b * g, t))).astype(np.float32),
            "sampled_logp": np.log(rng.uniform(0.1, 1, (b * g, t))).astype(np.float32),
            "sum_sq": rng.uniform(0.1, 1, (b * g, t)).astype(np.float32)}
-  spec = AdvantageSpec(mode="optimal_token_baseline", group_size=g, eps=1e-6, gamma=1.0, lam=1.0,
-                       pass_k=1, whiten=False, kl_in_reward=False, kl_estimator="k1")
+  spec = AdvantageSpec(estimator="optimal_token_baseline",
+                       kwargs=(("handle_zero_tail", True),), token_level=True, group_size=g,
+                       gamma=1.0, lam=1.0, whiten=False, kl_in_reward=False, kl_estimator="k1")
   adv, _, _ = compute_advantages(spec, {k: jnp.asarray(v) for k, v in batch.items()},
                                  jnp.float32(0.0))
   # reference: G_t = score on every real token; W = cumsum(1 - 2 pi + sum_sq)

@@ -21,9 +21,9 @@ import pytest
 from train_micro import MICRO, micro_config, read_records
 
 from rljax.data import tasks
-from rljax.train import checkpoint
-from rljax.train import setup as setup_lib
 from rljax.train.loop import train
+from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.run.build import build
 
 REPO = pathlib.Path(__file__).parent.parent
 # Exactly equal in practice (same programs on the same mesh); the tolerance is that of
@@ -94,12 +94,11 @@ def _wait(procs, logs, timeout=600):
 def _restore(config):
   """What a resumed run starts from: the newest checkpoint, restored (as `train` does) into
   a fresh state with this process's shardings."""
-  setup = setup_lib.build(config)
-  template = setup_lib.init_state(setup, setup.initial_actor,
-                                  with_reference=config.algo.kl_placement != "none")
-  ckpt = checkpoint.Checkpointer(config.run.dir)
+  run = build(config)
+  template = run.params.init_state(run.params.initial_actor)
+  ckpt = Checkpointer(config.run.dir)
   try:
-    step, state, host = ckpt.restore_latest(template)
+    step, state, host = run.params.restore(ckpt, template)
   finally:
     ckpt.close()
   return step, jax.tree.map(np.asarray, state), host

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from rljax.rewards import _math_client
+from rljax.answers import _math_client
 from rljax.rewards.math import clean, extract_answer, is_equivalent, parse_numbers
 
 # (prediction, ground truth): must match.

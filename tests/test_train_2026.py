@@ -1,7 +1,6 @@
 """The trainer with the 2026 options: reference refresh (checkpointed), IS-corrected KL,
 PF-PPO resampling, OPO / GRPO pass@k advantages, and their config validation."""
 
-import types
 
 import jax
 import jax.numpy as jnp
@@ -11,10 +10,10 @@ import orbax.checkpoint as ocp
 import pytest
 from train_micro import micro_config, read_records
 
-from rljax.train import reference, update
-from rljax.train.config import apply_overrides, base_config
+from rljax.train.config import ConfigError, apply_overrides, base_config, validate
+from rljax.train.config.specs import sources_spec
 from rljax.train.loop import train
-from rljax.train.validate import ConfigError, validate
+from rljax.train.params import Params, TrainState, init_optimizer_state
 
 
 def _restored_state(run_dir, step):
@@ -50,29 +49,31 @@ def test_prorl_reset_makes_the_checkpointed_reference_the_policy(tmp_path):
 
 def _toy_state(actor, ref):
   tx = optax.adam(1e-2)
-  opt = update.init_optimizer_state(tx, actor)
+  opt = init_optimizer_state(tx, actor)
   opt = jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.integer) else x, opt)
-  state = update.TrainState(step=jnp.zeros(()), iteration=jnp.zeros(()), actor=actor,
+  state = TrainState(step=jnp.zeros(()), iteration=jnp.zeros(()), actor=actor,
                             actor_opt=opt, critic=None, critic_opt=None, ref=ref,
                             kl_coef=jnp.zeros(()), rng=jnp.zeros(2), skipped_updates=0,
                             nonfinite_in_row=0)
   return state, tx
 
 
-def _toy_setup(tx, **algo):
+def _toy_params(tx, **algo):
   c = base_config()
   apply_overrides(c, {f"algo.{k}": v for k, v in algo.items()})
-  return types.SimpleNamespace(config=c, actor_tx=tx)
+  return Params(actor_graphdef=None, critic_graphdef=None, initial_actor=None,
+                initial_critic=None, actor_tx=tx, critic_tx=None, mesh=None,
+                sources=sources_spec(c), seed=0)
 
 
 def test_mix_refresh_runs_every_n_iterations_and_keeps_the_optimizer():
   actor, ref = {"w": jnp.array([4.0, 8.0])}, {"w": jnp.array([0.0, 0.0])}
   state, tx = _toy_state(actor, ref)
-  setup = _toy_setup(tx, kl_placement="loss", kl_coef=0.1, ref_refresh="mix",
-                     ref_refresh_every=3, ref_mix_alpha=0.25)
-  same = reference.refresh_reference(setup, state, 0)     # iteration 1 of 3: not due
+  params = _toy_params(tx, kl_placement="loss", kl_coef=0.1, ref_refresh="mix",
+                       ref_refresh_every=3, ref_mix_alpha=0.25)
+  same = params.refresh_reference(state, 0)     # iteration 1 of 3: not due
   np.testing.assert_array_equal(same.ref["w"], [0.0, 0.0])
-  mixed = reference.refresh_reference(setup, state, 2)    # iteration 3: due
+  mixed = params.refresh_reference(state, 2)    # iteration 3: due
   np.testing.assert_allclose(mixed.ref["w"], [1.0, 2.0])
   assert jax.tree.leaves(mixed.actor_opt)[0] is jax.tree.leaves(state.actor_opt)[0]
 
@@ -81,9 +82,9 @@ def test_reset_refresh_copies_the_policy_and_optionally_resets_the_optimizer():
   actor, ref = {"w": jnp.array([4.0, 8.0])}, {"w": jnp.array([0.0, 0.0])}
   state, tx = _toy_state(actor, ref)
   for reset_opt in (False, True):
-    setup = _toy_setup(tx, kl_placement="loss", kl_coef=0.1, ref_refresh="reset",
-                       ref_refresh_every=1, ref_reset_optimizer=reset_opt)
-    out = reference.refresh_reference(setup, state, 0)
+    params = _toy_params(tx, kl_placement="loss", kl_coef=0.1, ref_refresh="reset",
+                         ref_refresh_every=1, ref_reset_optimizer=reset_opt)
+    out = params.refresh_reference(state, 0)
     np.testing.assert_array_equal(out.ref["w"], actor["w"])
     count = int(out.actor_opt[0].count)
     assert count == (0 if reset_opt else 1)

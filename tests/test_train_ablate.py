@@ -2,7 +2,7 @@
 
 import math
 
-from rljax.train.ablate import markdown_table, summarize
+from rljax.train.ablate.runner import markdown_table, summarize
 
 RESULT = {"heldout_acc_before": 0.1, "heldout_acc_after": 0.6, "heldout_avg@4": 0.5,
           "heldout_pass@4": 0.8, "wall_s": 12.0}
@@ -47,7 +47,7 @@ def test_table_gives_mean_and_sample_sd_over_seeds():
 
 
 def test_run_plot_heldout_series_has_the_points_before_and_after_rl():
-  from rljax.train.metrics import _heldout_series
+  from rljax.train.run.metrics import _heldout_series
 
   records = [{"iteration": 10, "eval/accuracy": 0.5, "eval/avg@4": 0.4, "eval/pass@4": 0.7},
              {"iteration": 20}]

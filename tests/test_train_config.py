@@ -5,8 +5,14 @@ import pathlib
 
 import pytest
 
-from rljax.train.config import apply_overrides, base_config, load_config, parse_override_value
-from rljax.train.validate import ConfigError, validate
+from rljax.train.config import (
+  ConfigError,
+  apply_overrides,
+  base_config,
+  load_config,
+  parse_override_value,
+  validate,
+)
 
 EXPERIMENTS = sorted(pathlib.Path(__file__).parent.parent.glob("experiments/*.py"))
 

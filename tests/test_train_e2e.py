@@ -5,9 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from train_micro import micro_config, read_records
+from train_micro import built, micro_config, read_records, restored_state
 
-from rljax.train import setup as setup_lib
 from rljax.train.loop import train
 
 EXPERIMENT_SPECS = [
@@ -118,15 +117,11 @@ def test_old_logp_from_the_update_equals_recomputing_it(tmp_path):
 
 
 def _final_actor(run_dir, config):
-  from rljax.train import checkpoint
-  s = setup_lib.build(config)
-  template = setup_lib.init_state(s, s.initial_actor, with_reference=False)
-  _, state, _ = checkpoint.Checkpointer(run_dir, keep=1).restore_latest(template)
-  return jax.tree.map(np.asarray, state.actor)
+  return jax.tree.map(np.asarray, restored_state(run_dir, config).actor)
 
 
 def _synthetic_minibatch(setup, rng, b):
-  t, p = setup.config.sampling.max_new_tokens, setup.ctx.prompt_len
+  t, p = setup.specs.rollout.max_new_tokens, setup.ctx.prompt_len
   lengths = rng.integers(1, t + 1, size=b)
   mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
   prompt_mask = np.ones((b, p), np.int32)
@@ -154,11 +149,9 @@ def test_microbatch_split_does_not_change_the_update(spec, agg, tmp_path):
   for micro in (1, 4):
     config = micro_config(spec, tmp_path, **{"algo.microbatches": micro, "algo.loss_agg": agg,
                                              "algo.minibatches": 1, "parallel.num_devices": 1})
-    s = setup_lib.build(config)
-    state = setup_lib.init_state(s, s.initial_actor, with_reference=True)
-    setup_lib.compile_update(s, state)
+    s, state, trainer = built(config)
     batch = _synthetic_minibatch(s, np.random.default_rng(0), 16)
-    new_state, metrics = s.update_step(state, batch, jnp.asarray(True))
+    new_state, metrics = trainer.update_step(state, batch, jnp.asarray(True))
     outs.append((metrics, jax.tree.map(np.asarray, new_state.actor)))
   (m1, p1), (m4, p4) = outs
   for key in ("loss", "pg_loss", "grad_norm"):
@@ -167,7 +160,7 @@ def test_microbatch_split_does_not_change_the_update(spec, agg, tmp_path):
 
 
 def test_eval_command_restores_the_latest_checkpoint(tmp_path):
-  from rljax.train.ablate import evaluate_run
+  from rljax.train.run.evaluate_run import evaluate_run
 
   config = micro_config("grpo", tmp_path, **{"run.iterations": 1})
   result = train(config)

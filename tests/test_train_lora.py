@@ -7,11 +7,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
-from train_micro import micro_config, read_records
+from train_micro import built, micro_config, read_records
 
-from rljax.train import setup as setup_lib
+from rljax.train.config import ConfigError
 from rljax.train.loop import train
-from rljax.train.validate import ConfigError
 
 LORA = {"model.lora_rank": 4, "model.lora_alpha": 8.0, "optim.actor_lr": 1e-3}
 
@@ -22,10 +21,8 @@ def _nbytes(tree):
 
 def _state(tmp_path, **extra):
   config = micro_config("grpo", tmp_path, **{**LORA, **extra})
-  setup = setup_lib.build(config)
-  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=False)
-  setup_lib.compile_update(setup, state)
-  return setup, state
+  _, state, trainer = built(config)
+  return trainer, state
 
 
 def test_optimizer_state_holds_only_adapters_and_the_base_is_frozen(tmp_path):
@@ -40,7 +37,7 @@ def test_optimizer_state_holds_only_adapters_and_the_base_is_frozen(tmp_path):
 
 
 def test_update_step_neither_returns_nor_copies_the_base(tmp_path):
-  from rljax.train.iteration import UPDATE_KEYS
+  from rljax.train.update.epochs import UPDATE_KEYS
 
   setup, state = _state(tmp_path)
   b, p, t = 8, 16, 24

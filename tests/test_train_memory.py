@@ -11,17 +11,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from train_micro import micro_config, read_records
+from train_micro import built, micro_config, read_records
 
-from rljax.train import iteration, offload
-from rljax.train import setup as setup_lib
+from rljax.train.config import ConfigError
 from rljax.train.loop import train
-from rljax.train.validate import ConfigError
+from rljax.train.params import offload
+from rljax.train.run.build import build
+from rljax.train.update.epochs import Epochs
+from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
+from rljax.train.update.prepare import Preparer
 
 REPO = pathlib.Path(__file__).parent.parent
 MEMORY_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 KL = {"algo.kl_placement": "loss", "algo.kl_coef": 0.1}
-PREPARE, RUN_UPDATES = iteration.prepare, iteration.run_updates
+PREPARE, RUN_UPDATES = Preparer.prepare, Epochs.run
 
 
 def _kinds(tree):
@@ -33,19 +36,19 @@ def _spy(monkeypatch, seen):
   iteration starts and after its updates."""
   prepare, run_updates = PREPARE, RUN_UPDATES
 
-  def spy_prepare(setup, fns, state, *args):
+  def spy_prepare(preparer, state, *args):
     seen["ref_kinds"].append(_kinds(state.ref))
-    upd, metrics, moments = prepare(setup, fns, state, *args)
+    upd, metrics, moments = prepare(preparer, state, *args)
     seen["ref_logp"].append(np.asarray(upd["ref_logp"]))
     return upd, metrics, moments
 
-  def spy_updates(setup, state, *args, **kwargs):
-    state, metrics = run_updates(setup, state, *args, **kwargs)
+  def spy_updates(epochs, state, *args, **kwargs):
+    state, metrics = run_updates(epochs, state, *args, **kwargs)
     seen["ref_kinds"].append(_kinds(state.ref))
     return state, metrics
 
-  monkeypatch.setattr(iteration, "prepare", spy_prepare)
-  monkeypatch.setattr(iteration, "run_updates", spy_updates)
+  monkeypatch.setattr(Preparer, "prepare", spy_prepare)
+  monkeypatch.setattr(Epochs, "run", spy_updates)
 
 
 def _comparable(records):
@@ -105,7 +108,7 @@ def test_reference_offload_is_validated(tmp_path):
 
 def _minibatch(setup, b):
   rng = np.random.default_rng(0)
-  t, p, v = setup.config.sampling.max_new_tokens, setup.ctx.prompt_len, setup.model_cfg.vocab_size
+  t, p, v = setup.specs.rollout.max_new_tokens, setup.ctx.prompt_len, setup.model_cfg.vocab_size
   mask = (np.arange(t)[None] < rng.integers(1, t + 1, size=b)[:, None]).astype(np.int32)
   floats = lambda: rng.normal(size=(b, t)).astype(np.float32)  # noqa: E731
   return {
@@ -128,14 +131,12 @@ def _update_memory_report(tmp_path):
   report, params = {}, {}
   for name, extra in {"base": {}, "remat": {"model.remat": True},
                       "micro4": {"algo.microbatches": 4}}.items():
-    s = setup_lib.build(micro_config("grpo", tmp_path, **small, **extra))
-    state = setup_lib.init_state(s, s.initial_actor, with_reference=False)
-    setup_lib.compile_update(s, state)
+    s, state, trainer = built(micro_config("grpo", tmp_path, **small, **extra))
     batch = _minibatch(s, 4)
-    compiled = s.update_step.lower(state, batch, jnp.asarray(True)).compile()
+    compiled = trainer.update_step.lower(state, batch, jnp.asarray(True)).compile()
     report[name] = {"temp": compiled.memory_analysis().temp_size_in_bytes}
     if name != "micro4":
-      new_state, metrics = s.update_step(state, batch, jnp.asarray(True))
+      new_state, metrics = trainer.update_step(state, batch, jnp.asarray(True))
       report[name].update({k: float(metrics[k]) for k in ("loss", "pg_loss", "grad_norm",
                                                           "entropy")})
       params[name] = jax.tree.leaves(jax.tree.map(np.asarray, new_state.actor))
@@ -180,11 +181,11 @@ def test_rollout_forward_in_microbatches_is_equal_and_smaller(tmp_path):
            "parallel.num_devices": 1}
   out = {}
   for micro in (1, 4):
-    s = setup_lib.build(micro_config("grpo", tmp_path, **small, **{"algo.microbatches": micro}))
-    fns = iteration.ForwardFns(s)
-    batch = {k: v for k, v in _minibatch(s, 8).items() if k in iteration.SEQUENCE_KEYS}
-    compiled = fns.policy_stats.lower(s.initial_actor, batch).compile()
-    logp, entropy = fns.policy_stats(s.initial_actor, batch)
+    s = build(micro_config("grpo", tmp_path, **small, **{"algo.microbatches": micro}))
+    fns = ForwardFns(s.specs.loss, s.params.actor_graphdef, None, num_micro=micro, mesh=s.mesh)
+    batch = {k: v for k, v in _minibatch(s, 8).items() if k in SEQUENCE_KEYS}
+    compiled = fns.policy_stats.lower(s.params.initial_actor, batch).compile()
+    logp, entropy = fns.policy_stats(s.params.initial_actor, batch)
     out[micro] = (compiled.memory_analysis().temp_size_in_bytes, np.asarray(logp),
                   np.asarray(entropy))
   np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5, atol=1e-6)

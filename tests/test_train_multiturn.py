@@ -15,11 +15,22 @@ from train_micro import micro_config, read_records
 from rljax.envs import Step
 from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
+from rljax.ops.turns import turn_advantages
 from rljax.sampling.multiturn import TurnSpec
-from rljax.train import multiturn, objective
-from rljax.train import setup as setup_lib
-from rljax.train.iteration import episode_policy
+from rljax.train.config.specs import EpisodeSpec
 from rljax.train.loop import train
+from rljax.train.rollout.batch import EpisodeRecords
+from rljax.train.rollout.environments import Episode, episode_metrics
+from rljax.train.rollout.episodic import run_episodes, turn_inputs
+from rljax.train.run.build import build
+from rljax.train.update import objective
+from rljax.train.update.prepare import episode_policy
+
+
+def _episode(max_turns, max_observation_tokens, timeout):
+  return EpisodeSpec(env="", max_turns=max_turns, turn_stop=(),
+                     max_observation_tokens=max_observation_tokens, timeout=timeout,
+                     reward_only=False, on_truncated=(), turn_rewards=False, gamma=1.0)
 
 SCRIPTS = {
     0: [Step("12", info={"tool_call": True}), Step("x", info={"error": True}),
@@ -54,7 +65,7 @@ class ScriptedEnv:
 
 def _ctx(tmp_path):
   config = micro_config("grpo", tmp_path, **{"sampling.max_new_tokens": 12})
-  return setup_lib.build(config).ctx
+  return build(config).ctx
 
 
 def _prompts(ctx, count):
@@ -72,9 +83,8 @@ def test_scripted_environment_gives_exact_counts_and_statuses(tmp_path):
                   greedy=True, top_k=0, use_top_p=False, use_min_p=False, pad_id=0,
                   scratch=65)
   prompts = _prompts(ctx, 6)
-  rows, eps = multiturn.run_episodes(ctx, model, prompts, jax.random.key(0),
-                                     env_factory=ScriptedEnv, spec=spec, max_turns=3,
-                                     max_observation_tokens=64, env_timeout=0.5)
+  rows, eps = run_episodes(ctx, model, prompts, jax.random.key(0), env_factory=ScriptedEnv,
+                           spec=spec, episode=_episode(3, 64, 0.5))
   got = [(e.status, e.turns, e.tool_calls, e.tool_failures) for e in eps]
   assert got == [("done", 3, 2, 1), ("env_error", 2, 2, 1), ("max_turns", 3, 3, 0),
                  ("env_timeout", 1, 1, 1), ("length", 1, 1, 0), ("env_error", 0, 0, 0)]
@@ -86,7 +96,7 @@ def test_scripted_environment_gives_exact_counts_and_statuses(tmp_path):
   assert (rows["sampler_logp"][rows["mask"] == 0] == 0).all()
   # episode 4: the 26-token observation is cut to the 10 tokens the budget leaves
   assert rows["extent"][4] == 12 and rows["mask"][4].sum() == 2
-  m = multiturn.episode_metrics(eps, rows)
+  m = episode_metrics(eps, float(rows["mask"].sum()), float(rows["extent"].sum()), 0.0)
   assert m["termination/done"] == pytest.approx(1 / 6)
   assert m["termination/env_error"] == pytest.approx(2 / 6)
   assert m["tools/calls_per_episode"] == pytest.approx((2 + 2 + 3 + 1 + 1) / 6)
@@ -117,9 +127,8 @@ def test_trainer_log_probs_equal_the_samplers_on_every_sampled_token(tmp_path):
   spec = TurnSpec(total=40, stop_tokens=(tok.eos_id,), turn_stops=stops, greedy=False,
                   top_k=0, use_top_p=False, use_min_p=False, pad_id=0, scratch=9)
   prompts = _prompts(ctx, 8)
-  rows, eps = multiturn.run_episodes(ctx, model, prompts, jax.random.key(1),
-                                     env_factory=EchoEnv, spec=spec, max_turns=4,
-                                     max_observation_tokens=8, env_timeout=None)
+  rows, eps = run_episodes(ctx, model, prompts, jax.random.key(1), env_factory=EchoEnv,
+                           spec=spec, episode=_episode(4, 8, None))
   assert max(e.turns for e in eps) >= 2
   observation = (np.arange(40)[None] < rows["extent"][:, None]) & (rows["mask"] == 0)
   assert observation.sum() > 10                      # reset and turn observations are there
@@ -161,8 +170,10 @@ def test_extend_prefill_equals_a_fresh_prefill():
 def test_statuses_decide_loss_and_baseline(tmp_path):
   config = micro_config("calculator", tmp_path, **{
       "algo.on_truncated_episode.length": "drop", "algo.on_truncated_episode.max_turns": "mask"})
-  rows = {"status": np.asarray([0, 1, 2, 3, 4])}   # done, max_turns, length, env_error, timeout
-  keep, valid = episode_policy(config.algo, rows, 5)
+  # done, max_turns, length, env_error, timeout
+  records = EpisodeRecords(status=np.asarray([0, 1, 2, 3, 4]), tool_calls=np.zeros(5),
+                           episodes=[], metrics={})
+  keep, valid = episode_policy(records, tuple(config.algo.on_truncated_episode.items()), 5)
   np.testing.assert_array_equal(keep, [1, 0, 0, 0, 0])
   np.testing.assert_array_equal(valid, [1, 1, 0, 1, 1])
 
@@ -199,12 +210,15 @@ def test_calculator_trains_resumes_exactly_and_matches_on_eight_devices(tmp_path
 
 def test_turn_rewards_give_each_turn_its_discounted_return():
   # two episodes of one group: turns end at completion columns 2 and 4 (then one more turn)
-  eps = [multiturn.Episode(step_rewards=[0.0, 1.0], turn_ends=[2, 4]),
-         multiturn.Episode(step_rewards=[0.5], turn_ends=[3])]
+  eps = [Episode(step_rewards=[0.0, 1.0], turn_ends=[2, 4]),
+         Episode(step_rewards=[0.5], turn_ends=[3])]
   mask = np.array([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 1, 1]])   # 0 at observation tokens
   scores = np.array([1.0 + 0.0, 0.5 + 2.0])   # env rewards + a verifier part (0, then 2)
   env = np.array([1.0, 0.5])
-  adv = multiturn.turn_advantages(eps, scores, env, mask, group=2, gamma=0.5)
+  rewards, exists, token_turn = turn_inputs(eps, mask)
+  adv = turn_advantages(jnp.asarray(rewards), jnp.asarray(exists), jnp.asarray(token_turn),
+                        jnp.asarray(scores - env, jnp.float32), jnp.asarray(mask), gamma=0.5,
+                        group_size=2)
   # episode 0: G = [0 + 0.5 * 1, 1] ; episode 1: turns [0.5, 0 + 2 (verifier, last turn)]
   # -> G = [0.5 + 0.5 * 2, 2]; baseline over G_0 = (0.5, 1.5): mean 1, std 0.7071
   g = np.array([[0.5, 0.5, 0, 1.0, 0, 0], [1.5, 1.5, 1.5, 0, 2.0, 2.0]])
@@ -213,9 +227,9 @@ def test_turn_rewards_give_each_turn_its_discounted_return():
 
 
 def test_max_total_tokens_is_the_episode_budget_and_needs_an_env():
-  from rljax.train.config import load_config
-  from rljax.train.validate import ConfigError
+  from rljax.train.config import ConfigError, completion_columns, load_config
   config = load_config("experiments/calculator.py", {"sampling.max_total_tokens": 56})
-  assert config.sampling.max_new_tokens == 56   # the rows' completion columns
+  assert completion_columns(config) == 56   # the rows' completion columns
+  assert config.sampling.max_new_tokens == 40   # derived, never written back
   with pytest.raises(ConfigError, match="sampling.max_total_tokens"):
     load_config("experiments/grpo.py", {"sampling.max_total_tokens": 56})

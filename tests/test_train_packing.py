@@ -1,5 +1,5 @@
-"""Packed rows (rljax.train.packing) give the padded computation's log-probs, losses and
-gradients for every aggregation mode and ratio level; the trainer's runs match."""
+"""Packed rows (rljax.train.update.packing) give the padded computation's log-probs,
+losses and gradients for every aggregation mode and ratio level; the trainer's runs match."""
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +10,9 @@ from train_micro import micro_config, read_records
 
 from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
-from rljax.train import objective, packing
+from rljax.train.config.specs import loss_spec
 from rljax.train.loop import train
+from rljax.train.update import objective, packing
 
 SIGNAL = {"task.reward_fns": ["tests/signal_rewards.py:digit_share"]}
 
@@ -84,7 +85,7 @@ def test_packed_loss_and_gradients_equal_padded(agg, ratio_level, tmp_path):
   packed = {**batch, **packing.layout_arrays(layout)}
   out = {}
   for groups, data in ((0, batch), (2, packed)):
-    spec = objective.loss_spec(config, groups)
+    spec = loss_spec(config, groups)
     data = jax.tree.map(jnp.asarray, data)
     denom = objective.denominators(spec, data["mask"])
 

@@ -3,6 +3,8 @@ batch holds exactly the best completion of each group, a phase raises their like
 nothing is trained when nothing passes min_score, and runs with phases on stay
 compile-stable and resume exactly."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -12,12 +14,11 @@ from train_micro import micro_config, read_records
 
 from rljax.data.rejection import best_of_k
 from rljax.rewards.base import compose
-from rljax.train import objective
-from rljax.train.config import apply_overrides, base_config
+from rljax.train.config import ConfigError, apply_overrides, base_config, validate
 from rljax.train.loop import train
-from rljax.train.rejection_sft import RejectionSFT
-from rljax.train.setup import build, init_state
-from rljax.train.validate import ConfigError, validate
+from rljax.train.run.build import build
+from rljax.train.run.rejection_sft import RejectionSFT
+from rljax.train.update import objective
 
 K, PROMPTS = 4, 6
 RSFT = {"algo.rsft_every": 2, "algo.rsft_k": K, "algo.rsft_prompts": PROMPTS,
@@ -33,33 +34,36 @@ def _digits(prompt, completion):
 def phase_setup(tmp_path_factory):
   """A micro setup whose reward counts digits (varied scores even for a random policy)."""
   config = micro_config("grpo", tmp_path_factory.mktemp("rsft_unit"), **RSFT)
-  setup = build(config)
-  setup.ctx.reward_fn = compose([("accuracy", _digits, 1.0), ("format", lambda p, c: 0.0, 0.0)],
-                                timeout=None)
-  state = init_state(setup, setup.initial_actor, with_reference=False)
-  return setup, state
+  run = build(config)
+  reward = compose([("accuracy", _digits, 1.0), ("format", lambda p, c: 0.0, 0.0)],
+                   timeout=None)
+  run.rollouts = run.rollouts.with_context(run.ctx.replace(reward_fn=reward))
+  state = run.params.init_state(run.params.initial_actor)
+  return run, state
 
 
-def _mean_logp(setup, params, batch, rows):
+def _phase(run, **changes):
+  spec = dataclasses.replace(run.specs.schedule.rsft, **changes)
+  return RejectionSFT(spec, rollouts=run.rollouts, task=run.task,
+                      graphdef=run.params.actor_graphdef, mesh=run.mesh, seed=run.specs.run.seed)
+
+
+def _mean_logp(run, params, batch, rows):
   """Mean per-token log-likelihood of `rows` of `batch` under `params`."""
   sub = {k: np.asarray(v)[rows] for k, v in batch.items()}
-  nll, count = objective.sft_nll(nnx.merge(setup.actor_graphdef, params), sub)
+  nll, count = objective.sft_nll(nnx.merge(run.params.actor_graphdef, params), sub)
   return -float(nll) / float(count)
 
 
 def test_phase_trains_on_exactly_the_best_of_each_group(phase_setup):
   setup, state = phase_setup
-  model = nnx.merge(setup.actor_graphdef, state.actor)
-  probe = RejectionSFT(setup).phase(state, 0, model)
+  model = nnx.merge(setup.params.actor_graphdef, state.actor)
+  probe = _phase(setup).phase(state, 0, model)
   scores_bg = np.asarray(probe.rows["scores"]).reshape(PROMPTS, K)
   assert scores_bg.std() > 0                          # the reward really distinguishes samples
   # Keep only groups whose best beats the median best: some kept, some dropped (padding).
   threshold = float(np.median(scores_bg.max(axis=1))) + 0.5
-  setup.config.algo.rsft_min_score = threshold
-  try:
-    out = RejectionSFT(setup).phase(state, 0, model)
-  finally:
-    setup.config.algo.rsft_min_score = None
+  out = _phase(setup, min_score=threshold).phase(state, 0, model)
   scores = np.asarray(out.rows["scores"])
   expected = best_of_k(scores, out.rows["group_id"], min_score=threshold)
   np.testing.assert_array_equal(out.kept, expected)
@@ -87,11 +91,9 @@ def test_phase_trains_on_exactly_the_best_of_each_group(phase_setup):
 
 def test_nothing_kept_means_nothing_trained(phase_setup):
   setup, state = phase_setup
-  setup.config.algo.rsft_min_score = 1e9               # above every possible digit count
-  try:
-    out = RejectionSFT(setup).phase(state, 1, nnx.merge(setup.actor_graphdef, state.actor))
-  finally:
-    setup.config.algo.rsft_min_score = None
+  # min_score above every possible digit count
+  out = _phase(setup, min_score=1e9).phase(state, 1,
+                                           nnx.merge(setup.params.actor_graphdef, state.actor))
   assert len(out.kept) == 0 and out.batch["mask"].sum() == 0
   assert out.metrics["rsft/kept_frac"] == 0.0 and out.metrics["rsft/steps"] == 0
   jax.tree.map(np.testing.assert_array_equal, out.state.actor, state.actor)

@@ -17,10 +17,9 @@ from train_micro import MICRO, micro_config, read_records
 
 from rljax.data import tasks
 from rljax.rewards.base import RewardError
-from rljax.train import objective
-from rljax.train.config import apply_overrides, base_config
+from rljax.train.config import ConfigError, apply_overrides, base_config, validate
 from rljax.train.loop import train
-from rljax.train.validate import ConfigError, validate
+from rljax.train.update import objective
 
 REPO = pathlib.Path(__file__).parent.parent
 _real_score = tasks.Task.score

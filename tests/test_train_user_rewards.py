@@ -11,8 +11,8 @@ from train_micro import MICRO, micro_config, read_records
 from rljax.data.python_task import PythonTask
 from rljax.rewards.base import compose
 from rljax.rewards.user import user_reward_terms
+from rljax.train.config import ConfigError
 from rljax.train.loop import train
-from rljax.train.validate import ConfigError
 
 REWARDS = '''
 def digits(prompt, completion, answer):

@@ -28,3 +28,27 @@ def micro_config(spec, tmp_path, **extra):
 
 def read_records(run_dir):
   return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def built(config):
+  """(run, fresh placed state, trainer) of a config: `rljax.train.run.build` and the
+  compiled iteration pieces, without SFT or a rollout."""
+  from rljax.train.run.build import build
+  from rljax.train.run.trainer import make_trainer
+
+  run = build(config)
+  state = run.params.init_state(run.params.initial_actor)
+  return run, state, make_trainer(run, state)
+
+
+def restored_state(run_dir, config):
+  """The latest checkpoint of `run_dir` restored into the structure of `config`'s state."""
+  from rljax.train.params.checkpoint import Checkpointer
+  from rljax.train.run.build import build
+
+  run = build(config)
+  ckpt = Checkpointer(run_dir, keep=1)
+  try:
+    return run.params.restore(ckpt, run.params.init_state(run.params.initial_actor))[1]
+  finally:
+    ckpt.close()

@@ -5,8 +5,8 @@ random numbers), so arm B is compared with arm A seed by seed and prompt by prom
 d[k, n] = outcome_B[k, n] − outcome_A[k, n]. `paired_effect` turns d into a mean, a
 confidence interval, the IQM over seeds and a verdict; `detectable_effect` gives the
 smallest effect the design can see; `effects_report` / `effects_markdown` /
-`plot_effects` build the ablation report from per-seed results. Pure NumPy/SciPy: no JAX
-(except `pass_at_k_outcome`, which calls `rljax.ops.stats.pass_at_k`).
+`plot_effects` build the ablation report from per-seed results. NumPy and SciPy
+(`pass_at_k_outcome` calls `rljax.ops.stats.pass_at_k`).
 
 References: Miller 2024, "Adding Error Bars to Evals: A Statistical Approach to Language
 Model Evaluations", arXiv:2411.00640 (paired differences, clustered standard errors);
@@ -22,6 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy import optimize, special, stats
+
+from rljax.analysis.plots import pyplot, save_figure
+from rljax.ops.stats import pass_at_k
 
 VERDICTS = ("better", "worse", "none")
 
@@ -248,7 +251,6 @@ def pass_at_k_outcome(correct_counts, n, k):
   Returns:
     pass@k, float64, shape of correct_counts.
   """
-  from rljax.ops.stats import pass_at_k
 
   return np.asarray(pass_at_k(n, np.asarray(correct_counts), k), np.float64)
 
@@ -440,9 +442,8 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
   Returns:
     the PNG path.
   """
-  from rljax.analysis.plots import _pyplot, _save
 
-  plt = _pyplot()
+  plt = pyplot()
   steps = report["steps"]
   outcomes = list(steps[0]["means"]) if outcomes is None else list(outcomes)
   pts = _percent_outcomes(report, percent)
@@ -470,4 +471,4 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
     ax.grid(alpha=0.3, axis="x")
   if axes[0][0].lines or axes[0][0].collections:
     axes[0][0].legend(fontsize=7)
-  return _save(fig, out_path, plt)
+  return save_figure(fig, out_path, plt)

@@ -77,7 +77,7 @@ def pass_at_k_metrics(counts_p, n, *, prefix="eval/"):
 
 def curve_from_record(record, *, prefix="heldout_"):
   """pass@k curve [k_max] from a dict with keys f"{prefix}pass@{k}" (a RESULT line, a
-  metrics record or `rljax.train.evaluate` output with prefix=""); empty if none."""
+  metrics record or `rljax.train.rollout.evaluate` output with prefix=""); empty if none."""
   ks = sorted(int(key[len(prefix) + 5:]) for key in record
               if key.startswith(f"{prefix}pass@") and key[len(prefix) + 5:].isdigit())
   return np.array([float(record[f"{prefix}pass@{k}"]) for k in ks])

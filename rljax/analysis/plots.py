@@ -6,8 +6,11 @@ import pathlib
 
 import numpy as np
 
+from rljax.analysis.runs import series
 
-def _pyplot():
+
+def pyplot():
+  """matplotlib.pyplot with the non-interactive Agg backend (files only, no display)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -44,7 +47,7 @@ def plot_impact(report, out_path):
   Cells are ΔΣw in % of Σ|w_base|; blue = promoted (pushed up more / down less), red =
   suppressed relative to the baseline.
   """
-  plt = _pyplot()
+  plt = pyplot()
   scale = report.total_abs_base if report.total_abs_base > 0 else 1.0
   grids = 100.0 * report.token_delta_sum / scale
   vmax = max(float(np.abs(grids).max()), 1e-6)
@@ -56,7 +59,7 @@ def plot_impact(report, out_path):
   _bars(axes[2], report.lengths, report.total_abs_base, "sequences by length")
   _bars(axes[3], report.scores, report.total_abs_base, "sequences by score")
   fig.suptitle(f"{report.trick_name} vs {report.base_name}: effective gradient weight change")
-  return _save(fig, out_path, plt)
+  return save_figure(fig, out_path, plt)
 
 
 def plot_pass_at_k(curves, out_path, *, title="pass@k (unbiased)"):
@@ -66,7 +69,7 @@ def plot_pass_at_k(curves, out_path, *, title="pass@k (unbiased)"):
     curves: {run name: float [k_max]} (entry k − 1 is pass@k), e.g. `pass_at_k_curve`.
     out_path: PNG path.
   """
-  plt = _pyplot()
+  plt = pyplot()
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, curve in curves.items():
     curve = np.asarray(curve)
@@ -81,10 +84,11 @@ def plot_pass_at_k(curves, out_path, *, title="pass@k (unbiased)"):
   if curves:
     ax.legend(fontsize=7)
   fig.tight_layout()
-  return _save(fig, out_path, plt)
+  return save_figure(fig, out_path, plt)
 
 
-def _save(fig, out_path, plt):
+def save_figure(fig, out_path, plt):
+  """Writes `fig` to `out_path` (PNG), closes it, returns the path."""
   out_path = pathlib.Path(out_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out_path, dpi=80)
@@ -101,9 +105,7 @@ def plot_curves(records_by_run, out_path, curves):
     curves: ((title, key or tuple of keys), ...), e.g. `runs.WATCH_CURVES`. Several keys
       in one panel are drawn with different line styles.
   """
-  from rljax.analysis.runs import series
-
-  plt = _pyplot()
+  plt = pyplot()
   fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.6), squeeze=False,
                            layout="constrained")
   styles = ("-", "--", ":", "-.")
@@ -121,7 +123,7 @@ def plot_curves(records_by_run, out_path, curves):
     ax.grid(alpha=0.3)
     if ax.lines:
       ax.legend(fontsize=6)
-  return _save(fig, out_path, plt)
+  return save_figure(fig, out_path, plt)
 
 
 def plot_ablation(results, out_path, *, keys=("heldout_acc_before", "heldout_acc_after")):
@@ -132,7 +134,7 @@ def plot_ablation(results, out_path, *, keys=("heldout_acc_before", "heldout_acc
     out_path: PNG path.
     keys: which values to draw side by side.
   """
-  plt = _pyplot()
+  plt = pyplot()
   steps = list(results)
   fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(steps) + 2), 3.6), layout="constrained")
   width = 0.8 / len(keys)
@@ -143,4 +145,4 @@ def plot_ablation(results, out_path, *, keys=("heldout_acc_before", "heldout_acc
   ax.set_ylabel("held-out accuracy")
   ax.grid(alpha=0.3, axis="y")
   ax.legend(fontsize=7)
-  return _save(fig, out_path, plt)
+  return save_figure(fig, out_path, plt)

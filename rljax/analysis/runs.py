@@ -17,6 +17,7 @@ import types
 import numpy as np
 
 from rljax.analysis.passk import curve_from_record
+from rljax.analysis.trick_impact import variant_from_config
 
 # The curves the DAPO authors say to watch (arXiv:2503.14476 §4.3: reward,
 # entropy, length) plus held-out accuracy, since training reward can rise while
@@ -180,8 +181,6 @@ def _namespace(value):
 
 def variant_of_run(run_dir, *, name=None):
   """The LossVariant of a run, from the `config.json` the trainer writes; None if absent."""
-  from rljax.analysis.trick_impact import variant_from_config
-
   path = pathlib.Path(run_dir) / "config.json"
   if not path.exists():
     return None

@@ -16,7 +16,8 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.ops.policy_loss import _token_covariance
+from rljax.ops.policy_loss import token_covariance
+from rljax.ops.policy_loss_common import clip_by_probability_bt  # noqa: F401 (public here too)
 from rljax.ops.stats import masked_mean
 
 ENTROPY_QUANTILES = (0.1, 0.5, 0.9)
@@ -78,7 +79,7 @@ def logp_advantage_covariance(logp_bt, advantages_bt, mask):
   Language Models", arXiv:2505.22617, §3 (under natural policy gradient the entropy
   change is ΔH ≈ −η·Cov(log π, A); positive covariance means entropy falls) and §4.2
   (the token-wise centred cross-product that Clip-Cov and KL-Cov rank tokens by; this
-  is its mean, computed with the same op, `rljax.ops.policy_loss._token_covariance`).
+  is its mean, computed with the same op, `rljax.ops.policy_loss.token_covariance`).
 
   Note: the paper's covariance is per state under π; this is the batch estimate over
   sampled tokens (population form, divisor N), which is what the paper plots.
@@ -95,7 +96,7 @@ def logp_advantage_covariance(logp_bt, advantages_bt, mask):
     return float("nan")
   adv = jnp.asarray(_advantages_bt(advantages_bt, np.asarray(mask)), jnp.float32)
   adv = jnp.where(mask > 0, adv, 0.0)
-  cov_bt = _token_covariance(jnp.asarray(logp_bt, jnp.float32), adv, mask)
+  cov_bt = token_covariance(jnp.asarray(logp_bt, jnp.float32), adv, mask)
   return float(masked_mean(cov_bt, mask))
 
 
@@ -171,27 +172,3 @@ def token_statistics(logp_bt, entropy_bt, advantages_bt, mask, *, ratio_bt=None,
   return out
 
 
-def clip_by_probability_bt(old_logp_bt, clip_low_bt, clip_high_bt, mask, *, prob_split=0.5):
-  """Per-token clip indicators split by sampling probability, for use inside a jitted step.
-
-  The jit-friendly counterpart of `clip_breakdown`: take `clip_low_bt` / `clip_high_bt`
-  from `PolicyLossDiagnostics` and average each returned array with
-  `aggregate(x, mask, "token_mean")` (or sum it with the other token metrics).
-
-  Args:
-    old_logp_bt: sampling-policy log-probs, [B, T].
-    clip_low_bt, clip_high_bt: 0/1 indicators of the active lower / upper clip, [B, T].
-    mask: [B, T].
-    prob_split: probability threshold between "low" and "high" tokens.
-  Returns:
-    dict of float32 [B, T] arrays (0 at masked positions) named "clip_high_lowprob",
-    "clip_high_highprob", "clip_low_lowprob", "clip_low_highprob".
-  """
-  chex.assert_equal_shape((old_logp_bt, clip_low_bt, clip_high_bt, mask))
-  valid = mask > 0
-  high_p = valid & (jnp.exp(jnp.where(valid, old_logp_bt, -jnp.inf)) >= prob_split)
-  out = {}
-  for side, clipped in (("high", clip_high_bt > 0), ("low", clip_low_bt > 0)):
-    for name, group in (("lowprob", valid & ~high_p), ("highprob", high_p)):
-      out[f"clip_{side}_{name}"] = (clipped & group).astype(jnp.float32)
-  return out

@@ -28,7 +28,13 @@ import numpy as np
 
 from rljax.ops import aggregate as agg
 from rljax.ops import masks
-from rljax.ops import policy_loss as pl
+from rljax.ops.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossSpec,
+    apply_policy_loss,
+    policy_loss_fields,
+    policy_loss_spec,
+)
 
 SIGN_LABELS = ("A>0", "A<0")
 DEFAULT_PROB_EDGES = (0.0, 0.1, 0.5, 0.9, 1.0)
@@ -49,7 +55,8 @@ class LossVariant:
     high_entropy_fraction: > 0 keeps only the top fraction of tokens by entropy.
     psr_weight, nsr_weight: weights of positive / negative-advantage samples.
     overlong_filter: drop truncated completions from the loss.
-    extra: further keyword arguments of the loss op, as ((name, value), ...).
+    extra: further config fields of the loss by their `algo` names, as ((name, value), ...)
+      (e.g. (("dppo_delta_low", 0.05),)); unset ones take the config's defaults.
   """
 
   name: str = "baseline"
@@ -83,8 +90,11 @@ def as_variant(spec):
 
 
 def variant_from_config(config, *, name=None):
-  """The LossVariant of an rljax config (reads `config.algo` and the sampler's max length)."""
+  """The LossVariant of an rljax config (reads `config.algo` and the sampler's max length):
+  the same loss and arguments as the run's (`policy_spec` of the result equals the
+  trainer's `LossSpec.policy`)."""
   a = config.algo
+  own = POLICY_LOSSES[a.policy_loss].fields if a.policy_loss in POLICY_LOSSES else {}
   return LossVariant(
       name=name or f"{a.policy_loss}/{a.loss_agg}", policy_loss=a.policy_loss,
       ratio_level=a.ratio_level, eps_low=float(a.eps_low), eps_high=float(a.eps_high),
@@ -92,20 +102,30 @@ def variant_from_config(config, *, name=None):
       loss_agg=a.loss_agg, max_len=int(config.sampling.max_new_tokens),
       high_entropy_fraction=float(a.high_entropy_fraction),
       psr_weight=float(a.psr_weight), nsr_weight=float(a.nsr_weight),
-      overlong_filter=bool(a.overlong_filter))
+      overlong_filter=bool(a.overlong_filter),
+      extra=tuple((field, _get(a, field, default)) for field, default in sorted(own.items())))
 
 
-def _loss_kwargs(v: LossVariant):
-  clip = dict(eps_low=v.eps_low, eps_high=v.eps_high)
-  ppo = dict(clip, dual_clip=v.dual_clip, ratio_cap=v.ratio_cap)
-  kwargs = {"ppo": dict(ppo, ratio_level=v.ratio_level), "gspo": ppo, "gspo_token": ppo,
-            "cispo": clip, "clip_cov": dict(clip, key=jax.random.key(0))}.get(v.policy_loss, {})
-  return {**kwargs, **dict(v.extra)}
+def _get(group, field, default):
+  """`group.field` of a config (a ConfigDict, a dict or a namespace read from config.json)."""
+  if isinstance(group, dict):
+    return group.get(field, default)
+  return getattr(group, field, default)
+
+
+def policy_spec(v: LossVariant) -> PolicyLossSpec:
+  """The variant's policy loss and its arguments, built by the trainer's own builder
+  (`rljax.ops.policy_loss.policy_loss_spec`) from the variant's fields; `extra` holds
+  further config fields of the loss by their `algo` names (e.g. ("dppo_delta_low", 0.05))."""
+  fields = {**policy_loss_fields(), "ratio_level": v.ratio_level, "eps_low": v.eps_low,
+            "eps_high": v.eps_high, "dual_clip": v.dual_clip or 0.0,
+            "ratio_cap": v.ratio_cap or 0.0, "loss_agg": v.loss_agg, **dict(v.extra)}
+  return policy_loss_spec(v.policy_loss, fields)
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _weights(v: LossVariant, logp_bt, old_logp_bt, advantages, mask, entropy_bt, truncated_b):
-  loss_fn = pl.get_policy_loss(v.policy_loss)
+  spec = policy_spec(v)
   adv_bt = jnp.broadcast_to(advantages[:, None], mask.shape) if advantages.ndim == 1 else advantages
   token_w = jnp.ones(mask.shape, jnp.float32)
   if v.psr_weight != 1.0 or v.nsr_weight != 1.0:
@@ -117,7 +137,7 @@ def _weights(v: LossVariant, logp_bt, old_logp_bt, advantages, mask, entropy_bt,
   loss_mask = masks.overlong_filter_mask(mask, truncated_b) if v.overlong_filter else mask
 
   def objective(logp):
-    loss_bt, _ = loss_fn(logp, old_logp_bt, advantages, loss_mask, **_loss_kwargs(v))
+    loss_bt, _ = apply_policy_loss(spec, logp, old_logp_bt, advantages, loss_mask)
     return agg.aggregate(loss_bt * token_w, loss_mask, v.loss_agg, max_len=v.max_len)
 
   return -jax.grad(objective)(logp_bt)

@@ -23,6 +23,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from rljax.answers import is_equivalent
+
 
 class AuditRow(NamedTuple):
   prompt_id: str
@@ -101,14 +103,13 @@ def format_report(rows: Sequence[AuditRow], *, limit: int = 50) -> str:
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("samples", help='JSONL: {"id", "answer", "samples": [...]} per line')
-  ap.add_argument("--math", action="store_true", help="use rljax.rewards.math.is_equivalent")
+  ap.add_argument("--math", action="store_true", help="use rljax.answers.is_equivalent")
   ap.add_argument("--limit", type=int, default=50)
   args = ap.parse_args(argv)
   with open(args.samples, encoding="utf-8") as f:
     records = [json.loads(line) for line in f if line.strip()]
   kwargs = {}
   if args.math:
-    from rljax.rewards.math import is_equivalent  # optional upward import, CLI only
 
     kwargs["equivalent"] = is_equivalent
   print(format_report(audit(records, **kwargs), limit=args.limit))

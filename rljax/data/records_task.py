@@ -15,9 +15,9 @@ import hashlib
 import re
 from collections.abc import Callable, Sequence
 
+from rljax.answers import extract_answer, is_equivalent, parse_answer_tag
 from rljax.data.jsonl import row_to_prompt
-from rljax.data.tasks import RewardBreakdown, parse_answer_tag
-from rljax.rewards.math import extract_answer, is_equivalent
+from rljax.data.tasks import RewardBreakdown
 
 
 def _whole(raw: str) -> str:

@@ -37,10 +37,10 @@ import random
 import re
 from collections.abc import Callable
 
+from rljax.answers.tags import ANSWER_RE, parse_answer_tag  # noqa: F401 (public here too)
 from rljax.data import calculator as calc
 from rljax.data import countdown as cd
 
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # task options giving the share of demonstrations that show the worked mode
 WORKED_OPTIONS = ("scratchpad_fraction", "tool_fraction")
 _HELDOUT_BUCKETS = 1000
@@ -65,20 +65,6 @@ class RewardBreakdown(dict):
       return self[name]
     except KeyError:
       raise AttributeError(name) from None
-
-
-def parse_answer_tag(completion: str) -> tuple[str | None, bool]:
-  """Returns (content of the first `<answer>` block or None, well_formed).
-
-  well_formed: exactly one `<answer>...</answer>` block, nothing but whitespace after it.
-  """
-  blocks = list(ANSWER_RE.finditer(completion))
-  if not blocks:
-    return None, False
-  first = blocks[0]
-  ok = len(blocks) == 1 and completion[first.end():].strip() == "" and \
-      "<answer>" not in first.group(1)
-  return first.group(1).strip(), ok
 
 
 def _difficulty_range(difficulty) -> tuple[int, int]:

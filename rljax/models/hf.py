@@ -20,8 +20,10 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from rljax.models import lora
 from rljax.models.config import ModelConfig, RopeScaling
 from rljax.models.decoder import Decoder
+from rljax.models.heads import RewardModel
 
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -248,7 +250,6 @@ def load_hf_reward(path: str, *, dtype=None, param_dtype=None):
   Returns:
     (`RewardModel`, model_config); the score head bias is 0 (HF's `score` has none).
   """
-  from rljax.models.heads import RewardModel  # heads imports decoder; avoid a cycle
 
   cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype, reward=True)
   model = nnx.eval_shape(lambda: RewardModel(cfg, rngs=nnx.Rngs(0)))
@@ -323,8 +324,6 @@ def save_hf(model: Decoder, model_config: ModelConfig, path: str) -> None:
   attention_bias) but the rljax model lacks are written as zeros, which is exact. A model
   with LoRA adapters is written merged.
   """
-  from rljax.models import lora
-
   if lora.has_lora(model):   # LoRA: the merged weights W + (α/r)·A·B
     model = lora.merge_lora(model)
   export_cfg = _export_config(model_config)
@@ -339,8 +338,6 @@ def save_hf_reward(model, model_config: ModelConfig, path: str) -> None:
   Note: HF's score layer has no bias; a non-zero head bias (a constant shift of every
   reward, which Bradley-Terry training cannot identify) is dropped with a warning.
   """
-  from rljax.models.heads import RewardModel
-
   bias = float(np.asarray(model.head.b[...], np.float32))
   if bias != 0.0:
     logging.warning("save_hf_reward: dropping score bias %g (HF score has no bias)", bias)

@@ -29,6 +29,8 @@ import numpy as np
 from flax import nnx
 
 from rljax.models.config import ModelConfig
+from rljax.models.decoder import Decoder
+from rljax.models.layers import merged_weight
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 _ATTENTION = ("q", "k", "v", "o")
@@ -154,9 +156,6 @@ def adapters_off(lora_state):
 
 def merge_lora(model):
   """A plain decoder (no adapters) whose weights are W + (α/r)·A·B; the input is unchanged."""
-  from rljax.models.decoder import Decoder
-  from rljax.models.layers import merged_weight
-
   merged = Decoder(model.cfg, rngs=nnx.Rngs(0))
   base = nnx.state(model, nnx.Not(nnx.LoRAParam))
   nnx.update(merged, base)

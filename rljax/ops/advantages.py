@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from rljax.ops.stats import comb_ratio, masked_mean, masked_std, masked_var, safe_divide
 
 
-def _valid(mask_bg, scores_bg):
+def valid_mask(mask_bg, scores_bg):
   """Boolean validity mask for a group array (all valid when `mask_bg` is None)."""
   if mask_bg is None:
     return jnp.ones(scores_bg.shape, bool)
@@ -137,7 +137,7 @@ def whiten(x, mask, *, shift_mean=True, axis_name=None, eps=1e-8):
   return jnp.where(mask > 0, out, 0.0)
 
 
-def _group_mean_std(scores_bg, valid):
+def group_mean_std(scores_bg, valid):
   """Group mean and unbiased std over G; a group with < 2 valid samples gets (0, 1) (verl)."""
   n = jnp.sum(valid, axis=-1, keepdims=True)
   mean = masked_mean(scores_bg, valid, axis=-1)[..., None]
@@ -167,9 +167,9 @@ def group_advantages(scores_bg, *, scale_by_std=True, eps=1e-6, mask_bg=None):
     advantages, float32 [B, G]; 0 where `mask_bg` is 0.
   """
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   scores_bg = jnp.where(valid, scores_bg, 0.0).astype(jnp.float32)
-  mean, std = _group_mean_std(scores_bg, valid)
+  mean, std = group_mean_std(scores_bg, valid)
   adv = scores_bg - mean
   if scale_by_std:
     adv = adv / (std + eps)
@@ -195,9 +195,9 @@ def batch_std_advantages(scores_bg, *, eps=1e-6, mask_bg=None, axis_name=None):
     advantages, float32 [B, G]; 0 where invalid.
   """
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   scores_bg = jnp.where(valid, scores_bg, 0.0).astype(jnp.float32)
-  mean, _ = _group_mean_std(scores_bg, valid)
+  mean, _ = group_mean_std(scores_bg, valid)
   std = masked_std(scores_bg, valid, axis_name=axis_name, ddof=1)
   return jnp.where(valid, (scores_bg - mean) / (std + eps), 0.0)
 
@@ -221,7 +221,7 @@ def rloo_advantages(scores_bg, *, mask_bg=None):
     advantages, float32 [B, G]; 0 where invalid.
   """
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   scores_bg = jnp.where(valid, scores_bg, 0.0).astype(jnp.float32)
   n = jnp.sum(valid, axis=-1, keepdims=True).astype(jnp.float32)
   total = jnp.sum(scores_bg, axis=-1, keepdims=True)
@@ -317,7 +317,7 @@ def pass_at_k_advantages(scores_bg, *, k, threshold=0.5, mask_bg=None):
     advantages, float32 [B, G]; 0 where invalid.
   """
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   correct = valid & (scores_bg > threshold)
   n = jnp.sum(valid, axis=-1, keepdims=True).astype(jnp.float32)
   n_neg = n - jnp.sum(correct, axis=-1, keepdims=True).astype(jnp.float32)

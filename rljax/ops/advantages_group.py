@@ -12,7 +12,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rljax.ops.advantages import _group_mean_std, _valid
+from rljax.ops.advantages import group_advantages, group_mean_std, valid_mask
 from rljax.ops.stats import safe_divide
 
 PF_PPO_METHODS = ("pow", "max_min", "max_random")
@@ -36,7 +36,7 @@ def opo_advantages(scores_bg, lengths_bg, *, mask_bg=None):
   """
   chex.assert_rank(scores_bg, 2)
   chex.assert_equal_shape((scores_bg, lengths_bg))
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   r = jnp.where(valid, scores_bg, 0.0).astype(jnp.float32)
   w = jnp.where(valid, lengths_bg, 0.0).astype(jnp.float32)
   baseline = safe_divide(jnp.sum(w * r, -1, keepdims=True), jnp.sum(w, -1, keepdims=True))
@@ -77,9 +77,9 @@ def gpg_advantages(scores_bg, *, f_norm=1.0, mask_bg=None, alpha="authors"):
   if alpha not in GPG_ALPHA:
     raise ValueError(f"Unknown GPG alpha {alpha!r}; valid: {GPG_ALPHA}")
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   r = jnp.where(valid, scores_bg, 0.0).astype(jnp.float32)
-  mean, _ = _group_mean_std(r, valid)
+  mean, _ = group_mean_std(r, valid)
   n = jnp.sum(valid).astype(jnp.float32)
   if alpha == "authors":
     spread = (jnp.max(jnp.where(valid, r, -jnp.inf), -1)
@@ -112,14 +112,14 @@ def grpo_passk_advantages(scores_bg, *, scale_by_std=True, eps=1e-6, mask_bg=Non
     advantages, float32 [B, G]; 0 where invalid and for every non-best sample.
   """
   chex.assert_rank(scores_bg, 2)
-  valid = _valid(mask_bg, scores_bg)
+  valid = valid_mask(mask_bg, scores_bg)
   r = jnp.where(valid, scores_bg, -jnp.inf).astype(jnp.float32)
   best = jnp.argmax(r, axis=-1)
   top2 = jax.lax.top_k(r, 2)[0]
   gap = top2[:, 0] - top2[:, 1]
   n = jnp.sum(valid, axis=-1)
   if scale_by_std:
-    _, std = _group_mean_std(jnp.where(valid, r, 0.0), valid)
+    _, std = group_mean_std(jnp.where(valid, r, 0.0), valid)
     gap = gap / (std[:, 0] + eps)
   gap = jnp.where(n >= 2, gap, 0.0)
   one_hot = jax.nn.one_hot(best, r.shape[-1], dtype=bool)
@@ -218,13 +218,11 @@ def gdpo_advantages(rewards_bgk, weights_k, *, eps=1e-6, mask_bg=None, whiten_ov
   Returns:
     advantages, float32 [B, G]; 0 where invalid.
   """
-  from rljax.ops.advantages import group_advantages
-
   if whiten_over not in GDPO_WHITEN_OVER:
     raise ValueError(f"Unknown GDPO whiten_over {whiten_over!r}; valid: {GDPO_WHITEN_OVER}")
   chex.assert_rank(rewards_bgk, 3)
   chex.assert_shape(weights_k, rewards_bgk.shape[2:])
-  valid = _valid(mask_bg, rewards_bgk[..., 0])
+  valid = valid_mask(mask_bg, rewards_bgk[..., 0])
   per_reward = jax.vmap(lambda r_bg: group_advantages(r_bg, eps=eps, mask_bg=valid),
                         in_axes=2, out_axes=2)(rewards_bgk.astype(jnp.float32))
   summed = jnp.sum(per_reward * jnp.asarray(weights_k, jnp.float32), axis=-1)   # [B, G]

@@ -10,12 +10,14 @@ may be per sequence `[B]` (broadcast over tokens) or per token `[B, T]`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from rljax.ops import policy_loss_gated as gated
-from rljax.ops.policy_loss_common import PolicyLossDiagnostics  # noqa: F401 (public name)
+from rljax.ops.policy_loss_common import PolicyLoss, PolicyLossDiagnostics  # noqa: F401
 from rljax.ops.policy_loss_common import advantages_bt as _advantages_bt
 from rljax.ops.policy_loss_common import diagnostics as _diagnostics
 from rljax.ops.ratios import gspo_token_log_ratio, sequence_log_ratio, token_log_ratio
@@ -208,8 +210,21 @@ def reinforce_loss(logp, old_logp, advantages, mask, *, importance_weight=False)
   return jnp.where(mask > 0, loss, 0.0), _diagnostics(mask, ratio, log_r)
 
 
-def _token_covariance(logp, adv, mask):
-  """Cov_t = (A_t − mean A)·(logπ_t − mean logπ) over unmasked tokens (no gradient)."""
+def token_covariance(logp, adv, mask):
+  """Per-token covariance term Cov_t = (A_t − mean A)·(logπ_t − mean logπ), no gradient.
+
+  Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+  Models", arXiv:2505.22617, Eq. 11: the entropy change of a policy-gradient step follows
+  the covariance of log-probability and advantage; Clip-Cov and KL-Cov act on the tokens
+  with the largest terms. Means are over unmasked tokens of the batch.
+
+  Args:
+    logp: log-probs of the sampled tokens, [B, T].
+    adv: advantages, [B, T].
+    mask: [B, T].
+  Returns:
+    float32 [B, T], 0 at masked positions.
+  """
   keep = mask > 0
   logp = jnp.where(keep, jax.lax.stop_gradient(logp).astype(jnp.float32), 0.0)
   cov = (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
@@ -255,7 +270,7 @@ def clip_cov_mask(logp, old_logp, advantages, mask, *, key, clip_fraction=2e-4,
   adv = _advantages_bt(advantages, mask)
   ratio = jnp.exp(token_log_ratio(logp, old_logp, mask))
   already = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
-  cov = _token_covariance(logp, adv, mask)
+  cov = token_covariance(logp, adv, mask)
   eligible = (mask > 0) & ~already & (cov > cov_low) & (cov < cov_high)
   priority = jax.random.uniform(key, mask.shape)
   n_tokens = jnp.sum((mask > 0).astype(jnp.float32))
@@ -314,7 +329,7 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_fraction=2e-4, kl_coef=1
   adv = _advantages_bt(advantages, mask)
   log_r = token_log_ratio(logp, old_logp, mask)
   ratio = jnp.exp(log_r)
-  cov = _token_covariance(logp, adv, mask)
+  cov = token_covariance(logp, adv, mask)
   n_tokens = jnp.sum((mask > 0).astype(jnp.float32))
   selected = _select_top(cov, mask > 0, n_tokens, kl_fraction)
   loss = -adv * ratio + jnp.where(selected, kl_coef * jnp.abs(log_r), 0.0)
@@ -322,20 +337,100 @@ def kl_cov_loss(logp, old_logp, advantages, mask, *, kl_fraction=2e-4, kl_coef=1
   return jnp.where(mask > 0, loss, 0.0), diag
 
 
+def _none_if_zero(x):
+  return float(x) or None
+
+
+def _ppo_kwargs(f):
+  return dict(eps_low=float(f["eps_low"]), eps_high=float(f["eps_high"]),
+              dual_clip=_none_if_zero(f["dual_clip"]), ratio_cap=_none_if_zero(f["ratio_cap"]))
+
+
+def _cispo_kwargs(f):
+  if f["cispo_convention"] == "absolute_cap":
+    return dict(convention="absolute_cap", cap=float(f["cispo_cap"]))
+  return dict(convention="two_sided", eps_low=float(f["eps_low"]), eps_high=float(f["eps_high"]))
+
+
+def _cispo_check(f):
+  if f["cispo_convention"] in CISPO_CONVENTIONS:
+    return [] if f["cispo_cap"] > 0 else [f"algo.cispo_cap={f['cispo_cap']} must be > 0"]
+  return [f"algo.cispo_convention={f['cispo_convention']!r} is not one of "
+          f"{list(CISPO_CONVENTIONS)}"]
+
+
+# Every policy loss by name (config: algo.policy_loss): the kernel, the config fields it owns
+# and how the config's fields become its arguments (`policy_loss_spec`). "gspo" and
+# "gspo_token" are "ppo" with algo.ratio_level set.
 POLICY_LOSSES = {
-    "ppo": policy_loss,
-    "gspo": functools.partial(policy_loss, ratio_level="sequence"),
-    "gspo_token": functools.partial(policy_loss, ratio_level="sequence_token"),
-    "cispo": cispo_loss,
-    "reinforce": reinforce_loss,
-    "clip_cov": clip_cov_loss,
-    "kl_cov": kl_cov_loss,
+    "ppo": PolicyLoss(policy_loss, kwargs=lambda f: dict(_ppo_kwargs(f),
+                                                         ratio_level=f["ratio_level"])),
+    "gspo": PolicyLoss(functools.partial(policy_loss, ratio_level="sequence"),
+                       kwargs=_ppo_kwargs),
+    "gspo_token": PolicyLoss(functools.partial(policy_loss, ratio_level="sequence_token"),
+                             kwargs=_ppo_kwargs),
+    "cispo": PolicyLoss(cispo_loss, kwargs=_cispo_kwargs,
+                        fields={"cispo_convention": "two_sided", "cispo_cap": 5.0},
+                        check=_cispo_check),
+    "reinforce": PolicyLoss(reinforce_loss),
+    "clip_cov": PolicyLoss(
+        clip_cov_loss, needs_key=True,
+        kwargs=lambda f: dict(clip_fraction=float(f["clip_cov_ratio"]),
+                              cov_low=float(f["clip_cov_low"]), cov_high=float(f["clip_cov_high"]),
+                              eps_low=float(f["eps_low"]), eps_high=float(f["eps_high"])),
+        fields={"clip_cov_ratio": 2e-4, "clip_cov_low": 1.0, "clip_cov_high": 5.0}),
+    "kl_cov": PolicyLoss(
+        kl_cov_loss, kwargs=lambda f: dict(kl_fraction=float(f["kl_cov_ratio"]),
+                                           kl_coef=float(f["kl_cov_coef"])),
+        fields={"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0}),
     **gated.GATED_LOSSES,   # SAPO, GMPO, GPG, DPPO, DRO, LUSPO, VESPO
 }
 
 
 def get_policy_loss(name):
-  """The policy loss registered as `name` in POLICY_LOSSES (error lists valid names)."""
+  """The kernel of the policy loss registered as `name` (error lists valid names)."""
   if name not in POLICY_LOSSES:
     raise ValueError(f"Unknown policy loss {name!r}; valid names: {sorted(POLICY_LOSSES)}")
-  return POLICY_LOSSES[name]
+  return POLICY_LOSSES[name].fn
+
+
+class PolicyLossSpec(NamedTuple):
+  """A policy loss with its arguments: hashable, a static argument of a jitted loss."""
+
+  name: str
+  kwargs: tuple = ()       # sorted (argument, value) pairs
+
+
+def policy_loss_spec(name: str, fields: Mapping) -> PolicyLossSpec:
+  """The one function that turns config fields into a loss's arguments: the trainer's
+  objective and the trick-impact analysis both build their loss with it.
+
+  Args:
+    name: a key of POLICY_LOSSES.
+    fields: the `algo` fields by name (`fields["eps_low"]`, ...): a config group or a dict.
+  """
+  get_policy_loss(name)
+  return PolicyLossSpec(name, tuple(sorted(POLICY_LOSSES[name].kwargs(fields).items())))
+
+
+def apply_policy_loss(spec: PolicyLossSpec, logp, old_logp, advantages, mask, *, key=None):
+  """Runs the loss `spec` names: `(loss_bt [B, T], PolicyLossDiagnostics)`.
+
+  Args:
+    key: PRNG key for a loss that needs one (Clip-Cov); ignored otherwise.
+  """
+  entry = POLICY_LOSSES[spec.name]
+  extra = {"key": key if key is not None else jax.random.key(0)} if entry.needs_key else {}
+  return entry.fn(logp, old_logp, advantages, mask, **dict(spec.kwargs), **extra)
+
+
+def policy_loss_fields() -> dict:
+  """The config fields every registered loss owns, with their defaults (`algo.<field>`)."""
+  out = {}
+  for name, entry in POLICY_LOSSES.items():
+    for field, default in entry.fields.items():
+      if field in out and out[field] != default:
+        raise ValueError(f"policy loss {name!r} declares algo.{field}={default!r}, another "
+                         f"loss {out[field]!r}")
+      out[field] = default
+  return out

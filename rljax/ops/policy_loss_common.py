@@ -1,4 +1,5 @@
-"""Pieces every policy loss shares: the diagnostics tuple and advantage/mask handling.
+"""Pieces every policy loss shares: the diagnostics tuple, advantage/mask handling, and the
+registry entry (`PolicyLoss`) that names a loss, its config fields and its arguments.
 
 Kept apart from `policy_loss` so the loss families in `policy_loss_gated` can use them
 without an import cycle (`policy_loss` registers those families).
@@ -6,7 +7,9 @@ without an import cycle (`policy_loss` registers those families).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -73,3 +76,75 @@ def diagnostics(mask, ratio, log_r_token, **indicators):
       ratio_max=jnp.where(any_token, jnp.max(jnp.where(keep, ratio, -jnp.inf)), 0.0),
       ratio_min=jnp.where(any_token, jnp.min(jnp.where(keep, ratio, jnp.inf)), 0.0),
   )
+
+
+def _no_kwargs(fields: Mapping) -> dict:
+  del fields
+  return {}
+
+
+def _no_errors(fields: Mapping) -> list:
+  del fields
+  return []
+
+
+class PolicyLoss(NamedTuple):
+  """A policy loss registered by name (`rljax.ops.policy_loss.POLICY_LOSSES`).
+
+  Adding a loss is one entry beside its kernel: the trainer's config gains its `fields`
+  (as `algo.<field>`, with these defaults), validation runs its `check`, and the trainer and
+  the trick-impact analysis both turn config fields into kernel arguments with `kwargs`.
+
+  Attributes:
+    fn: the kernel, `fn(logp, old_logp, advantages, mask, **kwargs) -> (loss_bt, diag)`.
+    kwargs: `kwargs(fields) -> dict` of the kernel's keyword arguments from the `algo`
+      fields (a mapping by name: the loss's own fields and shared ones such as eps_low).
+    fields: the config fields this loss owns, with their defaults.
+    check: `check(fields) -> [message]`, each naming the invalid field.
+    needs_key: the kernel takes a PRNG `key` (Clip-Cov's random choice of tokens).
+  """
+
+  fn: Callable
+  kwargs: Callable[[Mapping], dict] = _no_kwargs
+  fields: Mapping[str, Any] = MappingProxyType({})
+  check: Callable[[Mapping], list] = _no_errors
+  needs_key: bool = False
+
+  def __call__(self, *args, **kwargs):
+    return self.fn(*args, **kwargs)
+
+
+def positive(fields: Mapping, *names: str) -> list:
+  """Messages for the named fields that are not > 0."""
+  return [f"algo.{n}={fields[n]} must be > 0" for n in names if not fields[n] > 0]
+
+
+def non_negative(fields: Mapping, *names: str) -> list:
+  """Messages for the named fields that are not >= 0."""
+  return [f"algo.{n}={fields[n]} must be >= 0" for n in names if not fields[n] >= 0]
+
+
+def clip_by_probability_bt(old_logp_bt, clip_low_bt, clip_high_bt, mask, *, prob_split=0.5):
+  """Per-token clip indicators split by sampling probability, for use inside a jitted step.
+
+  The jit-friendly counterpart of `clip_breakdown`: take `clip_low_bt` / `clip_high_bt`
+  from `PolicyLossDiagnostics` and average each returned array with
+  `aggregate(x, mask, "token_mean")` (or sum it with the other token metrics).
+
+  Args:
+    old_logp_bt: sampling-policy log-probs, [B, T].
+    clip_low_bt, clip_high_bt: 0/1 indicators of the active lower / upper clip, [B, T].
+    mask: [B, T].
+    prob_split: probability threshold between "low" and "high" tokens.
+  Returns:
+    dict of float32 [B, T] arrays (0 at masked positions) named "clip_high_lowprob",
+    "clip_high_highprob", "clip_low_lowprob", "clip_low_highprob".
+  """
+  chex.assert_equal_shape((old_logp_bt, clip_low_bt, clip_high_bt, mask))
+  valid = mask > 0
+  high_p = valid & (jnp.exp(jnp.where(valid, old_logp_bt, -jnp.inf)) >= prob_split)
+  out = {}
+  for side, clipped in (("high", clip_high_bt > 0), ("low", clip_low_bt > 0)):
+    for name, group in (("lowprob", valid & ~high_p), ("highprob", high_p)):
+      out[f"clip_{side}_{name}"] = (clipped & group).astype(jnp.float32)
+  return out

@@ -16,7 +16,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from rljax.ops.policy_loss_common import advantages_bt, diagnostics
+from rljax.ops.policy_loss_common import (
+    PolicyLoss,
+    advantages_bt,
+    diagnostics,
+    non_negative,
+    positive,
+)
 from rljax.ops.ratios import LOG_RATIO_CLAMP, sequence_log_ratio, token_log_ratio
 
 DPPO_DIVERGENCES = ("tv", "kl")
@@ -309,13 +315,49 @@ def vespo_loss(logp, old_logp, advantages, mask, *, k_pos=2.0, lambda_pos=3.0, k
                                           log_r)
 
 
+def _clip_kwargs(f):
+  return dict(eps_low=float(f["eps_low"]), eps_high=float(f["eps_high"]))
+
+
+def _dppo_entry(divergence):
+  return PolicyLoss(
+      functools.partial(dppo_loss, divergence=divergence),
+      kwargs=lambda f: dict(delta_low=float(f["dppo_delta_low"]),
+                            delta_high=float(f["dppo_delta_high"]),
+                            ratio_cap=float(f["dppo_ratio_cap"])),
+      fields={"dppo_delta_low": 0.15, "dppo_delta_high": 0.15, "dppo_ratio_cap": 3.0},
+      check=lambda f: non_negative(f, "dppo_delta_low", "dppo_delta_high") + (
+          [] if f["dppo_ratio_cap"] >= 1 else
+          [f"algo.dppo_ratio_cap={f['dppo_ratio_cap']} must be >= 1"]))
+
+
+def _luspo_check(f):
+  if f["loss_agg"] == "seq_mean_token_sum":
+    return []
+  return [f"algo.policy_loss='luspo' weights each sequence by its length through "
+          f"algo.loss_agg='seq_mean_token_sum' (got {f['loss_agg']!r})"]
+
+
+_VESPO_FIELDS = {"vespo_k_pos": 2.0, "vespo_lambda_pos": 3.0, "vespo_k_neg": 3.0,
+                 "vespo_lambda_neg": 2.0}
+
+# Registered by name in `policy_loss.POLICY_LOSSES` (config: algo.policy_loss).
 GATED_LOSSES = {
-    "sapo": sapo_loss,
-    "geo_mean": gmpo_loss,
-    "gpg": gpg_loss,
-    "dppo_tv": functools.partial(dppo_loss, divergence="tv"),
-    "dppo_kl": functools.partial(dppo_loss, divergence="kl"),
-    "dro": dro_loss,
-    "luspo": luspo_loss,
-    "vespo": vespo_loss,
+    "sapo": PolicyLoss(
+        sapo_loss, kwargs=lambda f: dict(tau_pos=float(f["sapo_tau_pos"]),
+                                         tau_neg=float(f["sapo_tau_neg"])),
+        fields={"sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05},
+        check=lambda f: positive(f, "sapo_tau_pos", "sapo_tau_neg")),
+    "geo_mean": PolicyLoss(gmpo_loss, kwargs=_clip_kwargs),
+    "gpg": PolicyLoss(gpg_loss),
+    "dppo_tv": _dppo_entry("tv"),
+    "dppo_kl": _dppo_entry("kl"),
+    "dro": PolicyLoss(dro_loss, kwargs=lambda f: dict(beta=float(f["dro_beta"])),
+                      fields={"dro_beta": 0.1}, check=lambda f: positive(f, "dro_beta")),
+    "luspo": PolicyLoss(luspo_loss, kwargs=_clip_kwargs, check=_luspo_check),
+    "vespo": PolicyLoss(
+        vespo_loss, kwargs=lambda f: {k.removeprefix("vespo_"): float(f[k]) for k in _VESPO_FIELDS},
+        fields=_VESPO_FIELDS,
+        check=lambda f: (non_negative(f, "vespo_k_pos", "vespo_k_neg")
+                         + positive(f, "vespo_lambda_pos", "vespo_lambda_neg"))),
 }

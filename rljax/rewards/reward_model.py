@@ -23,9 +23,11 @@ import optax
 from flax import nnx
 
 from rljax.data.batching import DEFAULT_BUCKETS, bucket_length
+from rljax.data.tokenizers import CharTokenizer, HFTokenizer
 from rljax.models.config import ModelConfig
 from rljax.models.decoder import positions_from_mask
 from rljax.models.heads import RewardModel, last_token_index
+from rljax.models.hf import load_hf_reward
 
 # ------------------------------------------------------------------------------- losses
 
@@ -267,7 +269,6 @@ def load_reward_model(path: str) -> RewardModel:
   path = os.path.abspath(path)
   if not os.path.exists(os.path.join(path, _CONFIG_FILE)):
     if os.path.exists(os.path.join(path, "config.json")):
-      from rljax.models.hf import load_hf_reward
       return load_hf_reward(path)[0]
     raise FileNotFoundError(f"load_reward_model: {path!r} holds neither {_CONFIG_FILE} "
                             "(save_reward_model) nor config.json (Hugging Face)")
@@ -314,7 +315,6 @@ class RewardModelScorer:
     """From `save_reward_model`'s (or a HF reward model's) directory; the tokenizer defaults
     to the CharTokenizer saved there, else a Hugging Face tokenizer in `path`."""
     if tokenizer is None:
-      from rljax.data.tokenizers import CharTokenizer, HFTokenizer
       char = os.path.join(path, "char_tokenizer.json")
       tokenizer = CharTokenizer.load(char) if os.path.exists(char) else HFTokenizer(path)
     return cls(load_reward_model(path), tokenizer, **kwargs)

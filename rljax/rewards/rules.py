@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rljax.data.tasks import parse_answer_tag
-from rljax.rewards.math import is_equivalent
+from rljax.answers import is_equivalent, parse_answer_tag
 
 
 def format_reward(prompt, completion: str) -> float:

@@ -237,7 +237,7 @@ _extend_jit = jax.jit(_extend, static_argnums=(0,), static_argnames=("spec",),
 
 class TurnSampler:
   """The device side of a multi-turn rollout: start, decode a turn, extend with
-  observations. The host loop (`rljax.train.multiturn`) drives it."""
+  observations. The host loop (`rljax.train.rollout.episodic`) drives it."""
 
   def __init__(self, model, *, spec: TurnSpec, temperature=1.0, top_p=1.0, min_p=0.0,
                sampler_dtype=None):

@@ -1,8 +1,5 @@
-"""Config validation, once, before anything compiles.
-
-Every problem is reported by field name with the allowed values; all problems are
-collected and raised together as one `ConfigError`.
-"""
+"""Checks of fields that are valid alone but not together, one function per feature
+(called by `rljax.train.config.validation`, which collects every message)."""
 
 from __future__ import annotations
 
@@ -12,51 +9,10 @@ import jax
 
 from rljax.data.records_task import ANSWER_EXTRACTORS
 from rljax.data.tasks import TASKS
-from rljax.parallel.mesh import select_devices
-
-ADVANTAGE_MODES = (
-    "grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-    "remax", "gae", "pass_at_k", "opo", "gpg", "grpo_passk", "optimal_token_baseline",
-)
-POLICY_LOSS_KINDS = ("ppo", "cispo", "reinforce", "clip_cov", "kl_cov", "sapo", "geo_mean",
-                     "gpg", "dppo_tv", "dppo_kl", "dro", "luspo", "vespo")
-PF_PPO_METHODS = ("none", "pow", "max_min", "max_random")
-REF_REFRESH_MODES = ("none", "mix", "reset")
-RATIO_LEVELS = ("token", "sequence", "sequence_token")
-AGGREGATION_MODES = (
-    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
-)
-KL_PLACEMENTS = ("none", "reward", "loss")
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "abs")
-KL_CONTROLLERS = ("fixed", "adaptive")
-IS_CORRECTIONS = ("none", "tis", "icepop")
-IS_LEVELS = ("token", "sequence")
-OLD_LOGP_SOURCES = ("recompute", "sampler", "update")
-CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
-PROMPT_SAMPLERS = ("uniform", "curriculum", "prioritized")
-DTYPES = ("float32", "bfloat16")
-SAMPLER_DTYPES = ("", "float32", "bfloat16")
-
-
-TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds", "python")
-REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
-
-
-class ConfigError(ValueError):
-  """A config has one or more invalid fields; the message names each one."""
-
-
-def _choice(errors, config, dotted, allowed):
-  value = _get(config, dotted)
-  if value not in allowed:
-    errors.append(f"{dotted}={value!r} is not one of {list(allowed)}")
-
-
-def _get(config, dotted):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
+from rljax.models.lora import TARGETS as LORA_TARGETS
+from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
+from rljax.ops.policy_loss import POLICY_LOSSES
+from rljax.train.config.defaults import completion_columns
 
 
 def _check(errors, ok, message):
@@ -64,73 +20,11 @@ def _check(errors, ok, message):
     errors.append(message)
 
 
-def _check_choices(errors, c):
-  for dotted, allowed in (
-      ("algo.advantage", ADVANTAGE_MODES), ("algo.policy_loss", POLICY_LOSS_KINDS),
-      ("algo.ratio_level", RATIO_LEVELS), ("algo.loss_agg", AGGREGATION_MODES),
-      ("algo.kl_placement", KL_PLACEMENTS), ("algo.kl_estimator", KL_ESTIMATORS),
-      ("algo.kl_controller", KL_CONTROLLERS), ("algo.is_correction", IS_CORRECTIONS),
-      ("algo.is_level", IS_LEVELS), ("algo.old_logp_source", OLD_LOGP_SOURCES),
-      ("algo.cispo_convention", CISPO_CONVENTIONS), ("task.prompt_sampler", PROMPT_SAMPLERS),
-      ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
-      ("sampling.sampler_dtype", SAMPLER_DTYPES),
-      ("task.reward_on_failure", ("score_failure", "raise")),
-      ("task.long_prompts", ("reject", "truncate")),
-      ("task.name", TASK_NAMES), ("algo.pf_ppo", PF_PPO_METHODS),
-      ("task.reward_fns_mode", ("replace", "add")),
-      ("algo.reward_aggregation", REWARD_AGGREGATIONS),
-      ("algo.ref_refresh", REF_REFRESH_MODES),
-  ):
-    _choice(errors, c, dotted, allowed)
-
-
-def _check_ranges(errors, c):
-  a, s, o = c.algo, c.sampling, c.optim
-  _check(errors, 0.0 <= a.eps_low < 1.0, f"algo.eps_low={a.eps_low} must be in [0, 1)")
-  _check(errors, a.eps_high >= 0.0, f"algo.eps_high={a.eps_high} must be >= 0")
-  _check(errors, a.dual_clip == 0 or a.dual_clip > 1,
-         f"algo.dual_clip={a.dual_clip} must be 0 (off) or > 1")
-  _check(errors, a.ratio_cap == 0 or a.ratio_cap > 1 + a.eps_high,
-         f"algo.ratio_cap={a.ratio_cap} must be 0 (off) or > 1 + algo.eps_high")
-  _check(errors, 0.0 <= a.gamma <= 1.0, f"algo.gamma={a.gamma} must be in [0, 1]")
-  _check(errors, 0.0 <= a.lam <= 1.0, f"algo.lam={a.lam} must be in [0, 1]")
-  _check(errors, a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0")
-  _check(errors, 0.0 <= a.high_entropy_fraction <= 1.0,
-         f"algo.high_entropy_fraction={a.high_entropy_fraction} must be in [0, 1]")
-  _check(errors, a.tis_cap > 0, f"algo.tis_cap={a.tis_cap} must be > 0")
-  _check(errors, 0 <= a.icepop_low < 1 < a.icepop_high,
-         f"algo.icepop_low/high=({a.icepop_low}, {a.icepop_high}) must satisfy 0 <= low < 1 < high")
-  _check(errors, 0.0 <= c.task.scratchpad_fraction <= 1.0,
-         f"task.scratchpad_fraction={c.task.scratchpad_fraction} must be in [0, 1]")
-  _check(errors, c.sft.worked_steps >= 0,
-         f"sft.worked_steps={c.sft.worked_steps} must be >= 0 (capped at sft.steps)")
-  _check(errors, c.sft.max_len >= 0,
-         f"sft.max_len={c.sft.max_len} must be >= 0 (0: sampling.max_new_tokens)")
-  _check(errors, s.temperature > 0, f"sampling.temperature={s.temperature} must be > 0")
-  _check(errors, isinstance(s.slots, int) and s.slots >= 0,
-         f"sampling.slots={s.slots!r} must be an int >= 0 (0: all rows)")
-  _check(errors, 0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
-  _check(errors, s.top_k >= 0, f"sampling.top_k={s.top_k} must be >= 0 (0: off)")
-  _check(errors, 0 <= s.min_p < 1, f"sampling.min_p={s.min_p} must be in [0, 1)")
-  _check(errors, s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
-  _check(errors, s.n >= 1, f"sampling.n={s.n} must be >= 1")
-  _check(errors, s.prompts_per_iteration >= 1,
-         f"sampling.prompts_per_iteration={s.prompts_per_iteration} must be >= 1")
-  for name in ("actor_lr", "critic_lr"):
-    _check(errors, o[name] > 0, f"optim.{name}={o[name]} must be > 0")
-  _check(errors, o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0 (0: off)")
-  _check(errors, c.run.iterations >= 0, f"run.iterations={c.run.iterations} must be >= 0")
-  _check(errors, c.run.keep_checkpoints >= 1,
-         f"run.keep_checkpoints={c.run.keep_checkpoints} must be >= 1")
-  _check(errors, c.run.max_nonfinite_in_row >= 1,
-         f"run.max_nonfinite_in_row={c.run.max_nonfinite_in_row} must be >= 1")
-
-
-def _check_combinations(errors, c):
+def check_combinations(errors, c):
+  """Fields that are valid alone but not together (every feature's own checks)."""
   a, s = c.algo, c.sampling
-  group_based = ("grpo", "rloo", "reinforce_pp_baseline", "pass_at_k", "dr_grpo", "opo",
-                 "gpg", "grpo_passk", "optimal_token_baseline")
-  if s.n < 2 and a.advantage in group_based:
+  estimator = ADVANTAGE_ESTIMATORS.get(a.advantage)
+  if s.n < 2 and estimator is not None and estimator.group:
     errors.append(f"sampling.n={s.n}: algo.advantage={a.advantage!r} compares samples within a "
                   "group and needs sampling.n >= 2")
   if a.advantage == "pass_at_k" and not 1 <= a.pass_k <= s.n:
@@ -144,9 +38,9 @@ def _check_combinations(errors, c):
   if a.dynamic_sampling and a.dynamic_sampling_max_rounds < 1:
     errors.append(f"algo.dynamic_sampling_max_rounds={a.dynamic_sampling_max_rounds}: dynamic "
                   "sampling needs at least 1 generation round")
-  if a.soft_overlong and not 0 < a.overlong_cache_len < s.max_new_tokens:
+  if a.soft_overlong and not 0 < a.overlong_cache_len < completion_columns(c):
     errors.append(f"algo.overlong_cache_len={a.overlong_cache_len} must be in "
-                  f"(0, sampling.max_new_tokens={s.max_new_tokens})")
+                  f"(0, sampling.max_new_tokens={completion_columns(c)})")
   if c.task.ood_difficulty and c.task.name not in TASKS:
     errors.append(f"task.ood_difficulty={c.task.ood_difficulty} needs a synthetic task "
                   f"({sorted(TASKS)}), not task.name={c.task.name!r}")
@@ -179,7 +73,7 @@ def _check_combinations(errors, c):
   if a.epochs < 1:
     errors.append(f"algo.epochs={a.epochs} must be >= 1")
   _check_rsft(errors, a)
-  _check_2026(errors, a)
+  _check_policy_loss_and_reference(errors, a)
   _check_user_rewards(errors, c)
   _check_lora(errors, c)
   _check_env(errors, c)
@@ -187,17 +81,11 @@ def _check_combinations(errors, c):
     _check_old_logp_from_update(errors, a)
 
 
-def _check_2026(errors, a):
-  """Fields of the losses in rljax.ops.policy_loss_gated, PF-PPO and reference refresh."""
-  for name in ("sapo_tau_pos", "sapo_tau_neg", "dro_beta", "vespo_lambda_pos",
-               "vespo_lambda_neg", "gpg_f_norm", "pf_ppo_power"):
-    _check(errors, a[name] > 0, f"algo.{name}={a[name]} must be > 0")
-  for name in ("dppo_delta_low", "dppo_delta_high", "vespo_k_pos", "vespo_k_neg"):
-    _check(errors, a[name] >= 0, f"algo.{name}={a[name]} must be >= 0")
-  _check(errors, a.dppo_ratio_cap >= 1, f"algo.dppo_ratio_cap={a.dppo_ratio_cap} must be >= 1")
-  if a.policy_loss == "luspo" and a.loss_agg != "seq_mean_token_sum":
-    errors.append(f"algo.policy_loss='luspo' weights each sequence by its length through "
-                  f"algo.loss_agg='seq_mean_token_sum' (got {a.loss_agg!r})")
+def _check_policy_loss_and_reference(errors, a):
+  """The chosen policy loss's own fields (its registry entry's check), the KL corrections,
+  reference refresh and PF-PPO."""
+  if a.policy_loss in POLICY_LOSSES:
+    errors.extend(POLICY_LOSSES[a.policy_loss].check(a))
   if a.kl_is_correction and a.kl_placement != "loss":
     errors.append("algo.kl_is_correction=True corrects the KL term of the loss: it needs "
                   f"algo.kl_placement='loss' (got {a.kl_placement!r})")
@@ -208,8 +96,8 @@ def _check_2026(errors, a):
     if not isinstance(a.ref_refresh_every, int) or a.ref_refresh_every < 1:
       errors.append(f"algo.ref_refresh_every={a.ref_refresh_every!r} must be an int >= 1 when "
                     f"algo.ref_refresh={a.ref_refresh!r}")
-  _check(errors, 0.0 <= a.ref_mix_alpha <= 1.0,
-         f"algo.ref_mix_alpha={a.ref_mix_alpha} must be in [0, 1]")
+  if not 0.0 <= a.ref_mix_alpha <= 1.0:
+    errors.append(f"algo.ref_mix_alpha={a.ref_mix_alpha} must be in [0, 1]")
   if a.ref_reset_optimizer and a.ref_refresh != "reset":
     errors.append("algo.ref_reset_optimizer=True needs algo.ref_refresh='reset'")
   if a.pf_ppo != "none" and a.old_logp_source == "update":
@@ -251,8 +139,6 @@ def _check_user_rewards(errors, c):
 
 def _check_lora(errors, c):
   """model.lora_*: rank, alpha, targets, and what LoRA runs do not combine with."""
-  from rljax.models.lora import TARGETS
-
   m, a = c.model, c.algo
   if not isinstance(m.lora_rank, int) or m.lora_rank < 0:
     errors.append(f"model.lora_rank={m.lora_rank!r} must be an int >= 0 (0: full fine-tuning)")
@@ -261,8 +147,8 @@ def _check_lora(errors, c):
     return
   _check(errors, m.lora_alpha > 0, f"model.lora_alpha={m.lora_alpha} must be > 0")
   targets = tuple(m.lora_targets)
-  if not targets or any(t not in TARGETS for t in targets) or len(set(targets)) != len(targets):
-    errors.append(f"model.lora_targets={targets!r}: each must be one of {list(TARGETS)}, "
+  if not targets or any(t not in LORA_TARGETS for t in targets) or len(set(targets)) != len(targets):
+    errors.append(f"model.lora_targets={targets!r}: each must be one of {list(LORA_TARGETS)}, "
                   "at least one, no repeats")
   for bad, why in ((a.ref_refresh != "none", f"algo.ref_refresh={a.ref_refresh!r}"),
                    (a.rsft_every > 0, f"algo.rsft_every={a.rsft_every}"),
@@ -351,7 +237,7 @@ def _check_data_source(errors, t):
 
 
 def _check_rsft(errors, a):
-  """Rejection-sampling fine-tuning fields (rljax.train.rejection_sft)."""
+  """Rejection-sampling fine-tuning fields (rljax.train.run.rejection_sft)."""
   if not isinstance(a.rsft_every, int) or a.rsft_every < 0:
     errors.append(f"algo.rsft_every={a.rsft_every!r} must be an int >= 0 (0: off)")
     return
@@ -364,60 +250,3 @@ def _check_rsft(errors, a):
     errors.append(f"algo.rsft_lr={a.rsft_lr} must be > 0")
   if a.rsft_min_score is not None and not isinstance(a.rsft_min_score, (int, float)):
     errors.append(f"algo.rsft_min_score={a.rsft_min_score!r} must be None or a number")
-
-
-def _check_mesh(errors, c, num_devices):
-  p = c.parallel
-  sizes = [p.data, p.fsdp, p.tensor]
-  if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
-    errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
-                  ">= 1, at most one may be -1 (all remaining devices)")
-    return
-  fixed = 1
-  for v in sizes:
-    fixed *= v if v > 0 else 1
-  if num_devices % fixed:
-    errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
-    return
-  data = p.data if p.data > 0 else num_devices // fixed
-  if data * fixed != num_devices:
-    errors.append(f"parallel: data*fsdp*tensor={data * fixed} must equal the {num_devices} devices")
-    return
-  batch_axes = data * p.fsdp
-  split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
-  micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
-  if micro % batch_axes:
-    errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
-                  f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
-
-
-def validate(config, *, num_devices: int | None = None, max_positions: int | None = None):
-  """Raises ConfigError naming every invalid field. Returns the config unchanged.
-
-  Args:
-    config: a full config (rljax.train.config.base_config() plus changes).
-    num_devices: devices of the mesh (default: jax.device_count()).
-    max_positions: the model's position limit, when known (checked against prompt +
-      completion length).
-  """
-  errors: list[str] = []
-  _check_choices(errors, config)
-  _check_ranges(errors, config)
-  _check_combinations(errors, config)
-  available = jax.device_count() if num_devices is None else num_devices
-  requested = config.parallel.num_devices
-  if requested < 0 or requested > available:
-    errors.append(f"parallel.num_devices={requested} must be in [0, {available}] (0: all devices)")
-  elif requested and num_devices is None and jax.process_count() > 1:
-    try:   # several processes: each must contribute the same number of its devices
-      select_devices(requested)
-    except ValueError as e:
-      errors.append(str(e))
-  _check_mesh(errors, config, requested or available)
-  limit = max_positions or config.model.max_position_embeddings
-  if config.sampling.max_new_tokens >= limit:
-    errors.append(f"sampling.max_new_tokens={config.sampling.max_new_tokens} leaves no room for "
-                  f"the prompt within the model's {limit} positions")
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  return config

@@ -1,7 +1,7 @@
 """Rejection-sampling fine-tuning (RS-FT) phases, alternated with RL iterations.
 
 Touvron et al. 2023, "Llama 2: Open Foundation and Fine-Tuned Chat Models",
-arXiv:2307.09288, Sec. 3.2.3 (seed 001, "PPO结合拒绝采样微调"): sample K outputs per
+arXiv:2307.09288, Sec. 3.2.3 (PPO combined with rejection-sampling fine-tuning): sample K outputs per
 prompt from the current policy, keep the one the reward ranks highest, fine-tune on the
 kept (prompt, output) pairs; rounds of this alternate with PPO.
 
@@ -31,8 +31,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.data.rejection import best_of_k
-from rljax.train import rollout
-from rljax.train.sft import sft_step_fn, token_mean_nll
+from rljax.train.config.specs import RejectionSFTSpec
+from rljax.train.update.sft import sft_step_fn, token_mean_nll
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
 _STREAM = 0x25F7   # folds the RS-FT sampling key away from the RL iteration's keys
@@ -46,12 +46,11 @@ class PhaseResult(NamedTuple):
   kept: np.ndarray     # int [G'] indices into `rows` of the kept completions
 
 
-def phase_prompts(setup, iteration):
-  """`algo.rsft_prompts` train prompts drawn from (run seed, iteration) alone, so the RL
-  prompt sampler's stream (and its checkpointed state) is not disturbed."""
-  prompts = setup.task.train_prompts()
-  num = setup.config.algo.rsft_prompts
-  rng = np.random.default_rng([setup.config.run.seed, _STREAM, iteration])
+def phase_prompts(task, num, seed, iteration):
+  """`num` train prompts drawn from (run seed, iteration) alone, so the RL prompt sampler's
+  stream (and its checkpointed state) is not disturbed."""
+  prompts = task.train_prompts()
+  rng = np.random.default_rng([seed, _STREAM, iteration])
   index = rng.choice(len(prompts), num, replace=num > len(prompts))
   return [prompts[i] for i in index]
 
@@ -85,20 +84,20 @@ def kept_batch(rows, kept, num_rows):
 class RejectionSFT:
   """The RS-FT phase of a run; its jitted fine-tune is compiled once (fixed batch shape)."""
 
-  def __init__(self, setup):
-    a = setup.config.algo
-    self.setup = setup
+  def __init__(self, spec: RejectionSFTSpec, *, rollouts, task, graphdef, mesh, seed: int):
+    self.spec, self.rollouts, self.task = spec, rollouts, task
+    self.graphdef, self.mesh, self.seed = graphdef, mesh, seed
     self.tx = optax.chain(optax.clip_by_global_norm(1.0),
-                          optax.adamw(a.rsft_lr, b1=0.9, b2=0.99, weight_decay=0.0))
-    self.sampling = setup.ctx.sampling.replace(n=a.rsft_k)
+                          optax.adamw(spec.lr, b1=0.9, b2=0.99, weight_decay=0.0))
+    self.sampling = rollouts.ctx.sampling.replace(n=spec.k)
     self._finetune = None
 
   def _build(self, params):
     """Jits `finetune(params, batch) -> (params, loss before, loss after)`, returning the
     parameters with their input shardings (so the RL update step's cache stays warm)."""
-    graphdef, steps, tx = self.setup.actor_graphdef, self.setup.config.algo.rsft_steps, self.tx
+    graphdef, steps, tx = self.graphdef, self.spec.steps, self.tx
     step = sft_step_fn(graphdef, tx)
-    replicated = NamedSharding(self.setup.mesh, PartitionSpec())
+    replicated = NamedSharding(self.mesh, PartitionSpec())
     shardings = jax.tree.map(lambda x: x.sharding, params)
 
     def finetune(params, batch):
@@ -125,28 +124,28 @@ class RejectionSFT:
       `PhaseResult`: rows have B = rsft_prompts·rsft_k samples; the batch has rsft_prompts
       rows (kept first, mask-0 padding after). Nothing kept: state unchanged, no jit call.
     """
-    setup, a = self.setup, self.setup.config.algo
+    spec = self.spec
     t0 = time.perf_counter()
-    prompts = phase_prompts(setup, iteration)
-    rows = rollout.sample(setup.ctx, model, prompts, phase_key(state, iteration),
-                          sampling=self.sampling)
-    rows = rollout.score(setup.ctx, prompts, rows, a.rsft_k)
+    prompts = phase_prompts(self.task, spec.prompts, self.seed, iteration)
+    batch = self.rollouts.sample_and_score(model, prompts, phase_key(state, iteration),
+                                           sampling=self.sampling)
+    rows = {k: getattr(batch, k) for k in SEQUENCE_KEYS + ("scores", "accuracy", "group_id")}
     scores = np.asarray(rows["scores"], np.float64)
-    kept = best_of_k(scores, rows["group_id"], min_score=a.rsft_min_score)
-    batch = kept_batch(rows, kept, len(prompts))
-    best = scores.reshape(len(prompts), a.rsft_k).max(axis=1)
+    kept = best_of_k(scores, rows["group_id"], min_score=spec.min_score)
+    sft_batch = kept_batch(rows, kept, len(prompts))
+    best = scores.reshape(len(prompts), spec.k).max(axis=1)
     metrics = {"rsft/kept_frac": len(kept) / len(prompts), "rsft/score_mean": scores.mean(),
                "rsft/best_score_mean": best.mean(),
                "rsft/accuracy_mean": float(np.mean(rows["accuracy"])),
-               "rsft/kept_tokens": int(batch["mask"].sum()), "rsft/steps": 0}
+               "rsft/kept_tokens": int(sft_batch["mask"].sum()), "rsft/steps": 0}
     if len(kept):
       metrics["rsft/kept_score_mean"] = float(scores[kept].mean())
       metrics["rsft/kept_accuracy"] = float(np.mean(np.asarray(rows["accuracy"])[kept]))
       if self._finetune is None:
         self._finetune = self._build(state.actor)
-      actor, before, after = self._finetune(state.actor, batch)
+      actor, before, after = self._finetune(state.actor, sft_batch)
       state = state._replace(actor=actor)
       metrics.update({"rsft/loss_before": float(before), "rsft/loss_after": float(after),
-                      "rsft/steps": a.rsft_steps})
+                      "rsft/steps": spec.steps})
     metrics["time/rsft_s"] = time.perf_counter() - t0
-    return PhaseResult(state, metrics, rows, batch, kept)
+    return PhaseResult(state, metrics, rows, sft_batch, kept)

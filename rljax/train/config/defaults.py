@@ -1,20 +1,17 @@
 """The one base config. Experiment files state only what differs from it.
 
-An experiment is a Python file with `get_config(arg: str | None) -> ConfigDict`
-(the Flax-examples / big_vision convention). `load_config("experiments/dapo.py:clip_higher")`
-imports it, locks the result (unknown keys fail), applies `--config.a.b=value` style
-overrides and validates it once, up front (`rljax.train.validate`).
+Its field names are the public override API (`--config.algo.eps_high=0.28`). The fields a
+policy loss or an advantage estimator owns come from their registries beside the kernels
+(`rljax.ops.policy_loss.POLICY_LOSSES`, `rljax.ops.estimators.ADVANTAGE_ESTIMATORS`), so a
+new loss brings its fields with it.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import pathlib
+from ml_collections import ConfigDict
 
-import ml_collections
-
-ConfigDict = ml_collections.ConfigDict
+from rljax.ops.estimators import estimator_fields
+from rljax.ops.policy_loss import policy_loss_fields
 
 
 def base_config() -> ConfigDict:
@@ -195,44 +192,26 @@ def _algo() -> ConfigDict:
 
 
 def _algo_objective() -> dict:
-  """Advantage estimator and policy loss (name, advantages, clipping, aggregation, epochs)."""
+  """Advantage estimator and policy loss (advantages, clipping, aggregation, epochs), with
+  the fields each registered loss and estimator owns (their docstrings say what they do)."""
   return dict(
-      name="grpo",
-      # advantages
-      advantage="grpo",        # see rljax.train.advantages.ADVANTAGE_MODES
+      # advantages: a name of rljax.ops.estimators.ADVANTAGE_ESTIMATORS
+      advantage="grpo",
       adv_eps=1e-6,
       pass_k=4,                # for advantage == "pass_at_k"
       gamma=1.0,
       lam=1.0,
       whiten_advantages=False,
-      # policy loss
-      # ppo | cispo | reinforce | clip_cov | kl_cov | sapo | geo_mean | gpg | dppo_tv |
-      # dppo_kl | dro | luspo | vespo (rljax.ops.policy_loss.POLICY_LOSSES)
+      # policy loss: a name of rljax.ops.policy_loss.POLICY_LOSSES (ppo, cispo, reinforce,
+      # clip_cov, kl_cov, sapo, geo_mean, gpg, dppo_tv, dppo_kl, dro, luspo, vespo, ...)
       policy_loss="ppo",
       ratio_level="token",     # token | sequence (GSPO) | sequence_token (GSPO-token)
       eps_low=0.2,
       eps_high=0.2,
       dual_clip=0.0,           # 0: off; c > 1 bounds the loss of negative advantages
-      ratio_cap=0.0,           # 0: off; two-sided cap delta on the ratio (TRL)
-      cispo_convention="two_sided",  # two_sided (verl 1±eps) | absolute_cap (TRL)
-      cispo_cap=5.0,
-      clip_cov_ratio=2e-4,
-      clip_cov_low=1.0,
-      clip_cov_high=5.0,
-      kl_cov_ratio=2e-4,
-      kl_cov_coef=1.0,
-      # 2026 losses (rljax.ops.policy_loss_gated); geo_mean and luspo use eps_low/eps_high
-      sapo_tau_pos=1.0,        # sapo: gate temperature for A > 0
-      sapo_tau_neg=1.05,       # sapo: gate temperature for A <= 0
-      dppo_delta_low=0.15,     # dppo_tv / dppo_kl: divergence threshold for A <= 0 ...
-      dppo_delta_high=0.15,    # ... and for A > 0 (TV: probability change; KL: binary KL)
-      dppo_ratio_cap=20.0,     # dppo: truncation C of the stop-gradient IS weight
-      dro_beta=0.1,            # dro: quadratic log-ratio penalty
-      vespo_k_pos=2.0,         # vespo: Gamma shape k / rate lambda for A >= 0 and A < 0
-      vespo_lambda_pos=3.0,
-      vespo_k_neg=3.0,
-      vespo_lambda_neg=2.0,
-      gpg_f_norm=1.0,          # advantage == "gpg": divisor F_norm
+      ratio_cap=0.0,           # 0: off; δ > 1 caps the unclipped branch (TRL `delta`)
+      **policy_loss_fields(),  # cispo_*, clip_cov_*, kl_cov_*, sapo_*, dppo_*, dro_*, vespo_*
+      **estimator_fields(),    # gpg_f_norm, gpg_alpha, otb_handle_zero_tail
       pf_ppo="none",           # none | pow | max_min | max_random: PF-PPO resampling of the batch
       pf_ppo_power=2.0,        # pf_ppo == "pow": exponent
       loss_agg="seq_mean_token_mean",
@@ -240,8 +219,8 @@ def _algo_objective() -> dict:
       minibatches=4,           # ... in this many updates each: 8 updates, ratios leave 1
       microbatches=1,
       # True: the update and the rollout forwards run on packed rows (no compute on
-      # padding; same values, rljax.train.packing). Off by default: on the embedded task
-      # (~50-column rows) it saved 4 % per update and each new packed-row bucket cost a
+      # padding; same values, rljax.train.update.packing). Off by default: on the embedded
+      # task (~50-column rows) it saved 4 % per update and each new packed-row bucket cost a
       # ~9 s compile; on long-tailed completions (benchmarks/packing.py) it is 1.8x faster
       pack_sequences=False,
   )
@@ -297,6 +276,7 @@ def _algo_data() -> dict:
       # is the score of algo.advantage) | normalize_then_sum (GDPO: each reward normalised
       # in its group, weighted sum, batch-normalised; needs algo.advantage='grpo')
       reward_aggregation="sum_then_normalize",
+      gdpo_whiten_over="samples",   # GDPO's batch whitening over samples (TRL) | tokens (verl)
       dynamic_sampling=False,
       dynamic_sampling_max_rounds=4,
       # PPO critic
@@ -324,67 +304,15 @@ def _algo_data() -> dict:
       turn_rewards=False,
   )
 
-def _import_module(path: pathlib.Path):
-  spec = importlib.util.spec_from_file_location(f"rljax_experiment_{path.stem}", path)
-  if spec is None or spec.loader is None:
-    raise FileNotFoundError(f"cannot import experiment file {path}")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
-def load_config(spec: str, overrides: dict | None = None) -> ConfigDict:
-  """Loads `path[:arg]`, locks it, applies dotted overrides and validates it.
-
-  Args:
-    spec: "experiments/grpo.py" or "experiments/dapo.py:clip_higher".
-    overrides: {"algo.eps_high": 0.28, ...}; an unknown key raises KeyError.
-  """
-  from rljax.train.validate import validate
-
-  path_str, _, arg = spec.partition(":")
-  path = pathlib.Path(path_str)
-  if not path.is_file():
-    raise FileNotFoundError(f"experiment file not found: {path}")
-  config = _import_module(path).get_config(arg or None)
-  config.lock()
-  apply_overrides(config, overrides or {})
-  resolve_episode_budget(config)
-  validate(config)
-  return config
 
 
-def resolve_episode_budget(config: ConfigDict) -> ConfigDict:
-  """With `task.env`, `sampling.max_total_tokens` > 0 is the multi-turn episode's budget
-  (sampled + observation tokens); the rows' completion columns hold the whole episode, so
-  it becomes `sampling.max_new_tokens`. Idempotent; `train()` calls it as well."""
+def completion_columns(config) -> int:
+  """T, the rollout rows' completion columns: `sampling.max_total_tokens` (the whole
+  episode: sampled and observation tokens) for a multi-turn run that sets it, else
+  `sampling.max_new_tokens`. The one derived length; nothing writes it back."""
   s = config.sampling
   if config.task.env and s.max_total_tokens > 0:
-    s.max_new_tokens = int(s.max_total_tokens)
-  return config
-
-
-def apply_overrides(config: ConfigDict, overrides: dict) -> ConfigDict:
-  """Sets dotted fields in place; unknown groups or fields fail with the field name."""
-  for dotted, value in overrides.items():
-    *groups, leaf = dotted.split(".")
-    node = config
-    for g in groups:
-      if g not in node:
-        raise KeyError(f"unknown config group '{g}' in '{dotted}'; groups: {sorted(node.keys())}")
-      node = node[g]
-    if leaf not in node:
-      raise KeyError(f"unknown config field '{dotted}'; fields of this group: {sorted(node.keys())}")
-    node[leaf] = value
-  return config
-
-
-def parse_override_value(text: str):
-  """'0.28' -> 0.28, 'true' -> True, 'grpo' -> 'grpo' (command-line overrides)."""
-  lowered = text.lower()
-  if lowered in ("true", "false"):
-    return lowered == "true"
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
+    return int(s.max_total_tokens)
+  return int(s.max_new_tokens)

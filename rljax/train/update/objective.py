@@ -1,20 +1,17 @@
 """The RL objective, assembled from `rljax.ops` for one micro-batch.
 
-`LossSpec` is the static, hashable slice of the config that the loss needs; it is
-derived once by `loss_spec(config)` (nothing writes back into the config). The loss
-returns *sums*: every term is `sum / global_denominator` where the denominators were
-computed over the whole minibatch beforehand, so gradients accumulated over
-micro-batches equal the full-minibatch gradient exactly (PEERS, user ask 8).
+`LossSpec` (`rljax.train.config.specs`) is the static, hashable slice of the config that
+the loss needs. The loss returns *sums*: every term is `sum / global_denominator` where
+the denominators were computed over the whole minibatch beforehand, so gradients
+accumulated over micro-batches equal the full-minibatch gradient exactly (a loss scale
+that does not depend on the micro-batch split: verl-project/verl#5625).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 
-from rljax.analysis.token_stats import clip_by_probability_bt
 from rljax.models.logprobs import (
   logprobs_and_entropy_from_hidden,
   token_logprobs_and_entropy,
@@ -22,81 +19,11 @@ from rljax.models.logprobs import (
 )
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
-from rljax.ops import policy_loss as pl
-from rljax.ops import policy_loss_gated as gated
 from rljax.ops import value as value_ops
-from rljax.train import packing
-
-
-@dataclasses.dataclass(frozen=True)
-class LossSpec:
-  """Static choices of the objective (a hashable jit argument)."""
-
-  policy_loss: str
-  ratio_level: str
-  eps_low: float
-  eps_high: float
-  dual_clip: float | None
-  ratio_cap: float | None
-  cispo_convention: str
-  cispo_cap: float
-  clip_cov_ratio: float
-  clip_cov_bounds: tuple[float, float]
-  kl_cov_ratio: float
-  kl_cov_coef: float
-  loss_agg: str
-  max_len: int
-  kl_in_loss: bool
-  kl_estimator: str
-  entropy_coef: float
-  use_critic: bool
-  value_clip: float
-  vf_coef: float
-  ptx_coef: float
-  pg_coef: float
-  temperature: float
-  old_logp_from_update: bool = False
-  # hyper-parameters of the losses in rljax.ops.policy_loss_gated: sorted (name, value) pairs
-  gated_hyper: tuple = ()
-  kl_is_correction: bool = False
-  # packed forward (rljax.train.packing): groups per micro-batch, 0 = padded layout
-  pack_groups: int = 0
-
-
-def loss_spec(config, pack_groups: int = 0) -> LossSpec:
-  """The one place that reads objective fields from the config."""
-  a = config.algo
-  return LossSpec(
-      policy_loss=a.policy_loss, ratio_level=a.ratio_level,
-      eps_low=float(a.eps_low), eps_high=float(a.eps_high),
-      dual_clip=float(a.dual_clip) or None, ratio_cap=float(a.ratio_cap) or None,
-      cispo_convention=a.cispo_convention, cispo_cap=float(a.cispo_cap),
-      clip_cov_ratio=float(a.clip_cov_ratio),
-      clip_cov_bounds=(float(a.clip_cov_low), float(a.clip_cov_high)),
-      kl_cov_ratio=float(a.kl_cov_ratio), kl_cov_coef=float(a.kl_cov_coef),
-      loss_agg=a.loss_agg, max_len=int(config.sampling.max_new_tokens),
-      kl_in_loss=a.kl_placement == "loss", kl_estimator=a.kl_estimator,
-      entropy_coef=float(a.entropy_coef), use_critic=a.advantage == "gae",
-      value_clip=float(a.value_clip), vf_coef=float(a.vf_coef), ptx_coef=float(a.ptx_coef),
-      pg_coef=float(a.pg_coef), temperature=float(config.sampling.temperature),
-      old_logp_from_update=a.old_logp_source == "update",
-      gated_hyper=tuple(sorted(_gated_hyper(a).get(a.policy_loss, {}).items())),
-      kl_is_correction=bool(a.kl_is_correction), pack_groups=int(pack_groups),
-  )
-
-
-def _gated_hyper(a) -> dict:
-  """Config fields of each loss in `rljax.ops.policy_loss_gated`, by loss name."""
-  dppo = dict(delta_low=float(a.dppo_delta_low), delta_high=float(a.dppo_delta_high),
-              ratio_cap=float(a.dppo_ratio_cap))
-  clip = dict(eps_low=float(a.eps_low), eps_high=float(a.eps_high))
-  return {
-      "sapo": dict(tau_pos=float(a.sapo_tau_pos), tau_neg=float(a.sapo_tau_neg)),
-      "geo_mean": clip, "luspo": clip, "gpg": {}, "dppo_tv": dppo, "dppo_kl": dppo,
-      "dro": dict(beta=float(a.dro_beta)),
-      "vespo": dict(k_pos=float(a.vespo_k_pos), lambda_pos=float(a.vespo_lambda_pos),
-                    k_neg=float(a.vespo_k_neg), lambda_neg=float(a.vespo_lambda_neg)),
-  }
+from rljax.ops.policy_loss import apply_policy_loss
+from rljax.ops.policy_loss_common import clip_by_probability_bt
+from rljax.train.config.specs import LossSpec
+from rljax.train.update import packing
 
 
 def full_sequence(batch):
@@ -114,7 +41,7 @@ def full_sequence(batch):
 def policy_forward(model, batch, *, temperature, pack_groups: int = 0):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
 
-  With `pack_groups` > 0 and a `rljax.train.packing` layout in the batch (`pack_*` keys,
+  With `pack_groups` > 0 and a `rljax.train.update.packing` layout in the batch (`pack_*` keys,
   `pack_groups` groups) the transformer runs on the packed rows, the lm head and the
   log-softmax on the gathered completion positions, with the same values as padded.
   """
@@ -149,29 +76,10 @@ def value_forward(critic, batch):
 
 
 def policy_terms(spec: LossSpec, logp, batch):
-  """Per-token policy loss [B,T] and diagnostics for the configured loss kind."""
-  common = (logp, batch["old_logp"], batch["advantages"], batch["mask"])
-  if spec.policy_loss == "ppo":
-    return pl.policy_loss(*common, ratio_level=spec.ratio_level, eps_low=spec.eps_low,
-                          eps_high=spec.eps_high, dual_clip=spec.dual_clip,
-                          ratio_cap=spec.ratio_cap)
-  if spec.policy_loss == "cispo":
-    if spec.cispo_convention == "absolute_cap":
-      return pl.cispo_loss(*common, convention="absolute_cap", cap=spec.cispo_cap)
-    return pl.cispo_loss(*common, convention="two_sided", eps_low=spec.eps_low,
-                         eps_high=spec.eps_high)
-  if spec.policy_loss == "reinforce":
-    return pl.reinforce_loss(*common)
-  if spec.policy_loss == "clip_cov":
-    key = jax.random.wrap_key_data(batch["rng"][0])
-    return pl.clip_cov_loss(*common, key=key, clip_fraction=spec.clip_cov_ratio,
-                            cov_low=spec.clip_cov_bounds[0], cov_high=spec.clip_cov_bounds[1],
-                            eps_low=spec.eps_low, eps_high=spec.eps_high)
-  if spec.policy_loss == "kl_cov":
-    return pl.kl_cov_loss(*common, kl_fraction=spec.kl_cov_ratio, kl_coef=spec.kl_cov_coef)
-  if spec.policy_loss in gated.GATED_LOSSES:
-    return gated.GATED_LOSSES[spec.policy_loss](*common, **dict(spec.gated_hyper))
-  raise ValueError(f"unknown policy_loss {spec.policy_loss!r}")
+  """Per-token policy loss [B,T] and diagnostics of the run's loss (`spec.policy`, built by
+  the registry's `policy_loss_spec`); Clip-Cov draws its tokens with the rows' key."""
+  return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
+                           batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 
 
 def denominators(spec: LossSpec, mask):

@@ -7,8 +7,12 @@ import math
 import pathlib
 
 import numpy as np
+from tqdm import tqdm
 
-# The curves the DAPO authors say to watch (seed 004: reward, entropy, length) plus
+from rljax.analysis.runs import read_records
+
+# The curves the DAPO authors say to watch (arXiv:2503.14476, Sec. 4: reward, entropy,
+# length) plus
 # accuracy and the health signals of an update. The held-out panel is drawn separately
 # (greedy, avg@k and pass@k, with the points before and after RL).
 PLOTTED = (
@@ -79,12 +83,26 @@ class MetricWriter:
       self._tb.close()
 
 
-def read_metrics(run_dir):
-  """All records of a run's metrics.jsonl as a list of dicts."""
-  path = pathlib.Path(run_dir) / "metrics.jsonl"
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+class Progress:
+  """The tqdm bar of the RL iterations, showing reward, accuracy, entropy and length."""
+
+  def __init__(self, total: int, start: int, *, enabled: bool):
+    self._bar = None
+    if enabled:
+      self._bar = tqdm(total=total, initial=start, desc="RL")
+
+  def update(self, metrics: dict) -> None:
+    if self._bar is None:
+      return
+    self._bar.set_postfix(reward=f"{metrics['train/reward']:.2f}",
+                          acc=f"{metrics['train/accuracy']:.2f}",
+                          ent=f"{metrics['update/entropy']:.2f}",
+                          len=f"{metrics['train/response_length_mean']:.1f}")
+    self._bar.update(1)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
 
 
 def _heldout_series(records, before, after, last_iteration):
@@ -116,7 +134,7 @@ def plot_run(run_dir, out_path=None, *, before=None, after=None):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  records = read_metrics(run_dir)
+  records = read_records(run_dir)
   out_path = pathlib.Path(out_path or pathlib.Path(run_dir) / "curves.png")
   fig, axes = plt.subplots(2, 5, figsize=(20, 7))
   axes = axes.ravel()

@@ -1,4 +1,4 @@
-"""TrainState and the jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`.
+"""The jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`.
 
 The minibatch is split into micro-batches scanned with `lax.scan`; gradients of the
 globally normalised micro-losses are summed, so the update does not depend on the
@@ -9,7 +9,6 @@ unchanged) and is counted.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,54 +16,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from rljax.train import objective
-
-
-class TrainState(NamedTuple):
-  """Everything that changes during a run, as one pytree (checkpointed whole)."""
-
-  step: jax.Array                # optimizer steps taken
-  iteration: jax.Array           # RL iterations completed
-  actor: Any                     # nnx.State of the policy parameters
-  actor_opt: Any
-  critic: Any                    # nnx.State of the critic, or None
-  critic_opt: Any
-  ref: Any                       # frozen reference policy parameters, or None
-  kl_coef: jax.Array             # current KL coefficient (fixed or adaptive controller)
-  rng: jax.Array
-  skipped_updates: jax.Array     # total non-finite updates skipped
-  nonfinite_in_row: jax.Array
-  # LoRA (model.lora_rank > 0): the frozen base parameters, and `actor` holds the adapters
-  # only. Never donated, returned by the update step or written into step checkpoints.
-  base: Any = None
-
-
-def policy_params(state: TrainState, *, adapters: bool = True):
-  """The actor's full parameters (an nnx.State for `nnx.merge(actor_graphdef, ...)`).
-
-  With LoRA, the base merged with the adapters; `adapters=False` zeroes them, which is the
-  base model itself: the reference policy of a LoRA run, without a second copy of the base.
-  """
-  if state.base is None:
-    return state.actor
-  from rljax.models.lora import adapters_off
-
-  return nnx.merge_state(state.base, state.actor if adapters else adapters_off(state.actor))
-
-
-def has_reference(state: TrainState, kl_placement: str) -> bool:
-  """Whether the run has a reference policy (a copy, or a LoRA base with adapters off)."""
-  return state.ref is not None or (state.base is not None and kl_placement != "none")
-
-
-def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
-  """AdamW with linear warm-up and global-norm clipping (optax)."""
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
-      [max(warmup_steps, 1)])
-  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
-  return optax.chain(*parts)
+from rljax.train.params.state import TrainState
+from rljax.train.update import objective
 
 
 def split_micro(tree, num_micro):
@@ -82,25 +35,6 @@ def _apply(tx, grads, opt_state, params, enabled):
   new_params = optax.apply_updates(params, updates)
   keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(enabled, n, o), new, old)  # noqa: E731
   return keep(new_params, params), keep(new_opt, opt_state)
-
-
-def place_state(state, mesh):
-  """Commits every leaf to `mesh`: sharded parameters keep their NamedSharding, the rest
-  (optimizer scalars, step counters, keys) is replicated. Committed inputs with fixed
-  shardings are what keeps jit from recompiling after the first iteration."""
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def put(x):
-    sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
-      return x
-    return jax.device_put(x, replicated)
-  return jax.tree.map(put, state)
-
-
-def init_optimizer_state(tx, params):
-  """`tx.init` under jit, so moment buffers inherit the parameters' shardings."""
-  return jax.jit(tx.init)(params)
 
 
 def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro,

@@ -9,9 +9,9 @@ import re
 
 from rljax import analysis
 from rljax.analysis import entropy_law
-from rljax.analysis.runs import load_batch
-from rljax.train import metrics
-from rljax.train.config import _import_module, load_config, parse_override_value
+from rljax.analysis.runs import load_batch, read_records
+from rljax.train.config import import_experiment, load_config, parse_override_value
+from rljax.train.run.loop import train
 
 # (column title, summary key): what the table reports for every step, mean ± spread over seeds.
 # Beside the outcome, the metric the DAPO paper (arXiv:2503.14476) names for each step:
@@ -134,7 +134,7 @@ def overlay_plot(run_dirs, out_path):
   fig, axes = plt.subplots(1, len(_CURVES), figsize=(4 * len(_CURVES), 3.6))
   for name, dirs in run_dirs.items():
     dirs = [dirs] if isinstance(dirs, (str, pathlib.Path)) else dirs
-    records = [metrics.read_metrics(d) for d in dirs]
+    records = [read_records(d) for d in dirs]
     results = [_result(d) for d in dirs]
     for ax, (_, key) in zip(axes, _CURVES):
       per_seed = [dict((r["iteration"], r[key]) for r in recs
@@ -170,10 +170,8 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None):
   Args:
     seeds: run.seed values (None: the config's own seed, one run per step).
   """
-  from rljax.train.loop import train
-
   path = pathlib.Path(experiment)
-  steps = getattr(_import_module(path), "ABLATION_STEPS", None)
+  steps = getattr(import_experiment(path), "ABLATION_STEPS", None)
   if not steps:
     raise ValueError(f"{experiment} defines no ABLATION_STEPS tuple")
   out = pathlib.Path(out_dir or f"runs/ablate_{path.stem}")
@@ -190,7 +188,7 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None):
       variants[step] = analysis.variant_from_config(config, name=step)
       result = train(config)
       run_dirs.setdefault(step, []).append(config.run.dir)
-      rows.setdefault(step, []).append(summarize(result, metrics.read_metrics(config.run.dir)))
+      rows.setdefault(step, []).append(summarize(result, read_records(config.run.dir)))
       (out / "results.json").write_text(json.dumps(rows, indent=2))
   overlay_plot(run_dirs, out / "curves.png")
   impact = analysis.impact_section(variants, out, batch=load_batch(run_dirs[steps[0]][0]))
@@ -205,31 +203,3 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None):
       + impact + "\n\nOpen `notebooks/analysis.ipynb` with `RLJAX_RUNS=" + str(out)
       + "` for token statistics and pass@k curves of every step.\n")
   return report
-
-
-def evaluate_run(run_dir):
-  """Re-evaluates the latest checkpoint of a run on its held-out prompts."""
-  import jax
-  from flax import nnx
-
-  from rljax.train import checkpoint
-  from rljax.train.config import ConfigDict
-  from rljax.train.evaluate import evaluate
-  from rljax.train.setup import build, init_state
-  from rljax.train.update import policy_params
-
-  run_dir = pathlib.Path(run_dir)
-  config = ConfigDict(json.loads((run_dir / "config.json").read_text()))
-  setup = build(config)
-  ckpt = checkpoint.Checkpointer(run_dir, keep=config.run.keep_checkpoints)
-  template = init_state(setup, setup.initial_actor,
-                        with_reference=config.algo.kl_placement != "none")
-  restored = ckpt.restore_latest(template._replace(base=None))
-  if restored is None:
-    raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints")
-  _, state, _ = restored
-  if template.base is not None:   # LoRA: the base was written once, beside the checkpoints
-    state = state._replace(base=ckpt.restore_frozen(template.base))
-  model = nnx.merge(setup.actor_graphdef, policy_params(state))
-  return evaluate(setup.ctx, model, setup.task.heldout_prompts(), jax.random.key(0),
-                  n=config.sampling.eval_n, temperature=config.sampling.eval_temperature)

@@ -1,0 +1,78 @@
+"""The typed batch every rollout returns, single-turn or episodic."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+# Sequence arrays: global `jax.Array`s whose rows are split over the mesh's batch axes.
+SEQUENCE_FIELDS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "sampler_logp",
+                   "truncated")
+# Per-row host arrays: every process holds all B rows as NumPy.
+ROW_FIELDS = ("scores", "accuracy", "format", "reward_failed", "lengths", "prompt_lengths",
+              "extent", "group_id")
+
+
+@dataclasses.dataclass
+class EpisodeRecords:
+  """What the environments of a multi-turn rollout reported, per row and in all."""
+
+  status: np.ndarray           # int [B], index into rljax.envs.STATUSES
+  tool_calls: np.ndarray       # int [B]
+  episodes: list               # the host record of each row (`episodic.Episode`)
+  metrics: dict                # turns/*, tools/*, termination/*, tokens/*, env/seconds
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+  """B = prompts × n completions, group-major (row i is sample i % n of prompt i // n).
+
+  Sequence fields are [B, P] (prompt) or [B, T] (completion) device arrays; `truncated`
+  is [B]. Row fields are NumPy [B]; `extent` is the completion's extent in columns
+  (sampled and observation tokens: `lengths` for single-turn rows). `components` holds the
+  reward's unweighted components by name (the verifier's `accuracy` and `format` among
+  them); `greedy_scores` the score of each prompt's greedy completion, repeated n times
+  (ReMax); `episodes` what the environments reported (multi-turn); `seconds` the time
+  spent generating and scoring.
+  """
+
+  prompts: list
+  prompt_tokens: Any
+  prompt_mask: Any
+  tokens: Any
+  mask: Any
+  sampler_logp: Any
+  truncated: Any
+  scores: np.ndarray
+  accuracy: np.ndarray
+  format: np.ndarray
+  reward_failed: np.ndarray
+  lengths: np.ndarray
+  prompt_lengths: np.ndarray
+  extent: np.ndarray
+  group_id: np.ndarray
+  components: dict
+  greedy_scores: np.ndarray | None = None
+  episodes: EpisodeRecords | None = None
+  seconds: dict = dataclasses.field(default_factory=dict)   # generate_s, score_s
+
+  @property
+  def size(self) -> int:
+    return len(self.scores)
+
+  def rows(self) -> dict:
+    """Every per-row field as a dict (`components` as `reward/<name>` keys): the form the
+    dynamic-sampling buffer selects groups from."""
+    out = {k: getattr(self, k) for k in SEQUENCE_FIELDS + ROW_FIELDS}
+    out.update({f"reward/{k}": v for k, v in self.components.items()})
+    return out
+
+  @classmethod
+  def from_rows(cls, rows: dict, prompts: list) -> RolloutBatch:
+    """The inverse of `rows()` (the groups the buffer kept, with their prompts)."""
+    components = {k.removeprefix("reward/"): v for k, v in rows.items()
+                  if k.startswith("reward/")}
+    return cls(prompts=prompts, components=components,
+               **{k: rows[k] for k in SEQUENCE_FIELDS + ROW_FIELDS})

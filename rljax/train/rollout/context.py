@@ -1,0 +1,92 @@
+"""What every rollout needs besides the policy: the task, the tokenizer, the prompt columns,
+the sampling parameters, the reward, and where the rows live."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+
+from rljax.data.batching import left_pad
+from rljax.parallel import BATCH_AXES, batch_sharding
+from rljax.sampling import SamplingParams, buckets
+
+
+def prompt_ids(tokenizer, text, *, chat_template=False):
+  """Token ids of one prompt: `[bos] + text` (no bos when the tokenizer has none, e.g.
+  Qwen), or the text as one user turn of the tokenizer's chat template (which brings its
+  own special tokens) followed by the assistant header."""
+  if chat_template:
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+  return ([] if tokenizer.bos_id is None else [tokenizer.bos_id]) + tokenizer.encode(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutContext:
+  """What a rollout needs besides the policy (built once per run).
+
+  Attributes:
+    task: the task (prompts, `score`, demonstrations).
+    prompt_len: P, the prompt columns (a shape bucket).
+    sampling: the training rollout's `SamplingParams` (n samples per prompt, T columns).
+    reward_fn: `rljax.rewards.base.Composite`, (prompts, texts) -> ComposedRewards.
+    mesh: rows are split over its batch axes (None: one device).
+  """
+
+  task: object
+  tokenizer: object
+  prompt_len: int
+  sampling: SamplingParams
+  reward_fn: object
+  chat_template: bool = False
+  mesh: object = None
+
+  def prompt_ids(self, prompt):
+    """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""
+    return prompt_ids(self.tokenizer, prompt.text,
+                      chat_template=self.chat_template)[-self.prompt_len:]
+
+  def replace(self, **changes) -> RolloutContext:
+    return dataclasses.replace(self, **changes)
+
+
+def encode_prompts(ctx: RolloutContext, prompts):
+  """Left-padded prompt ids and mask, int32 [len(prompts), P]."""
+  return left_pad([ctx.prompt_ids(p) for p in prompts], pad_id=ctx.tokenizer.pad_id,
+                  length=ctx.prompt_len)
+
+
+def batch_shards(mesh) -> int:
+  """Shards of the batch dimension: the product of the mesh's batch axes (1 without a mesh)."""
+  if mesh is None:
+    return 1
+  return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def row_layout(ctx: RolloutContext, num_rows: int):
+  """(sharding, R): rows split over the mesh's batch axes, R = num_rows rounded up to a
+  multiple of the batch shards (R = B for a training batch, which validation checks)."""
+  if ctx.mesh is None:
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0]), num_rows
+  return (batch_sharding(ctx.mesh),
+          buckets.round_up(num_rows, None, multiple_of=batch_shards(ctx.mesh)))
+
+
+def score_texts(ctx: RolloutContext, prompts, texts):
+  """The run's reward on decoded completions, failures reported with their prompt.
+
+  Args:
+    prompts: the prompt of each row.
+    texts: the decoded completion of each row.
+  Returns:
+    (total float [R], components {name: float [R]}, failed int [R]) as NumPy.
+  """
+  rewards = ctx.reward_fn(prompts, texts)
+  failed = np.zeros(len(prompts), np.int32)
+  for failure in rewards.failures:
+    failed[failure.index] = 1
+    print(f"[rljax] reward {failure.component!r} failed on prompt {failure.prompt_id}: "
+          f"{failure.kind}: {failure.message}")
+  return np.asarray(rewards.total), dict(rewards.components), failed

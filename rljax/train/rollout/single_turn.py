@@ -1,0 +1,132 @@
+"""Single-turn rollouts: prompts -> completions (static or continuous batching) -> scores.
+
+Host-side glue between the sampler (jit), the tokenizer and the reward functions
+(Python). The batch has fixed shapes: B = prompts · n rows, P prompt columns, T =
+max_new_tokens columns. Its sequence arrays are global `jax.Array`s split over the mesh's
+batch axes; under `jax.distributed` each process tokenizes, decodes and scores only the rows
+on its own devices, and every process then holds the per-row scores of all B rows as NumPy
+arrays (advantages, metrics and the prompt sampler need them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from rljax import parallel
+from rljax.sampling import buckets, generate_rows
+from rljax.sampling.continuous import continuous_rows
+from rljax.train.rollout.batch import RolloutBatch
+from rljax.train.rollout.context import (
+    RolloutContext,
+    batch_shards,
+    encode_prompts,
+    row_layout,
+    score_texts,
+)
+
+
+def decode_slots(slots: int, rows: int, shards: int) -> int:
+  """Slots of one continuous-batching call: `slots` (0: all rows, resident from the start
+  and drained onto fewer slots as they finish), at most the rows, a multiple of the shards."""
+  want = slots or rows
+  return max(shards, min(rows, want) // shards * shards)
+
+
+@dataclasses.dataclass(frozen=True)
+class SingleTurn:
+  """One completion per row, sampled by the static or the continuous sampler.
+
+  Attributes:
+    continuous: continuous batching (`rljax.sampling.continuous`) over `slots` decode
+      slots (0: every row resident, drained onto fewer slots as rows finish).
+    share_prefill: one prefill per prompt for its n samples (both samplers).
+  """
+
+  ctx: RolloutContext
+  continuous: bool = True
+  slots: int = 0
+  share_prefill: bool = True
+
+  def with_context(self, ctx: RolloutContext) -> SingleTurn:
+    return dataclasses.replace(self, ctx=ctx)
+
+  def sample(self, model, prompts, rng, *, sampling=None) -> dict:
+    """Generates `sampling.n` completions per prompt, each process tokenizing only its rows.
+
+    Row i (completion i % n of prompt i // n) lives on one device of the mesh; the process
+    owning that device encodes its prompt. The sampler runs on the global rows, so every
+    row draws the same random numbers as in a single process.
+
+    Returns:
+      dict of global `jax.Array`s with R rows split over the batch axes (`row_layout`; rows
+      >= len(prompts)·n are padding): prompt_tokens, prompt_mask [R, P]; tokens, mask,
+      sampler_logp [R, T]; truncated [R].
+    """
+    ctx = self.ctx
+    sampling = sampling or ctx.sampling
+    n, b, p = sampling.n, len(prompts) * sampling.n, ctx.prompt_len
+    sharding, r = row_layout(ctx, b)
+    local = parallel.local_rows(sharding, r)
+    real = local[local < b]
+    tokens, mask = (encode_prompts(ctx, [prompts[i // n] for i in real]) if len(real)
+                    else (np.zeros((0, p), np.int32),) * 2)
+    put = lambda x: parallel.from_local_rows(x, local, sharding, r)  # noqa: E731
+    pad = lambda width, pad_id: buckets.pad_prompts(  # noqa: E731
+        tokens, mask, rows=len(local), width=width, pad_id=pad_id)
+    # The sampler's own prompt bucket and pad id, as `generate` uses them.
+    rows_in = map(put, pad(buckets.round_up(p, "pow2"), 0))
+    if self.continuous:
+      slots = decode_slots(self.slots, r, batch_shards(ctx.mesh))
+      out = continuous_rows(model, *rows_in, sampling=sampling, rng=rng, slots=slots,
+                            num_rows=b, share_prefill=self.share_prefill, mesh=ctx.mesh)
+    else:
+      out = generate_rows(model, *rows_in, sampling=sampling, rng=rng,
+                          share_prefill=self.share_prefill)
+    prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
+    return jax.device_put({
+        "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,
+        "mask": out.mask, "sampler_logp": out.logp, "truncated": out.truncated}, sharding)
+
+  def score(self, prompts, rows, n) -> RolloutBatch:
+    """Decodes and scores this process's completions of `rows` (from `sample`); then every
+    process holds all B rows' scores, components and lengths. The sequence arrays stay
+    global."""
+    ctx = self.ctx
+    b = len(prompts) * n
+    sharding, r = row_layout(ctx, b)
+    local = parallel.local_rows(sharding, r)
+    real = local[local < b]
+    tokens, mask, prompt_mask = (parallel.to_local_rows(rows[k], real)
+                                 for k in ("tokens", "mask", "prompt_mask"))
+    texts = [ctx.tokenizer.decode(tokens[k][mask[k] > 0].tolist()) for k in range(len(real))]
+    total, components, failed = score_texts(ctx, [prompts[i // n] for i in real], texts)
+    per_row = {"scores": total, "reward_failed": failed,
+               "lengths": mask.sum(axis=1).astype(np.int32),
+               "prompt_lengths": prompt_mask.sum(axis=1).astype(np.int32),
+               **{f"reward/{k}": v for k, v in components.items()}}
+    pad = len(local) - len(real)   # padding rows come last in `local`
+    per_row = {k: parallel.from_local_rows(np.pad(np.asarray(v), (0, pad)), local, sharding, r)
+               for k, v in per_row.items()}
+    host = {k: v[:b] for k, v in parallel.gather(per_row).items()}
+    return RolloutBatch(
+        prompts=list(prompts), **{k: rows[k] for k in (
+            "prompt_tokens", "prompt_mask", "tokens", "mask", "sampler_logp", "truncated")},
+        scores=host.pop("scores"), reward_failed=host.pop("reward_failed"),
+        lengths=host["lengths"], prompt_lengths=host.pop("prompt_lengths"),
+        extent=host.pop("lengths"), accuracy=host["reward/accuracy"],
+        format=host["reward/format"], group_id=np.repeat(np.arange(len(prompts), dtype=np.int32), n),
+        components={k.removeprefix("reward/"): v for k, v in host.items()})
+
+  def sample_and_score(self, model, prompts, rng, *, sampling=None) -> RolloutBatch:
+    """`score(sample(...))`: B = len(prompts) · sampling.n scored rows."""
+    sampling = sampling or self.ctx.sampling
+    t0 = time.perf_counter()
+    rows = jax.block_until_ready(self.sample(model, prompts, rng, sampling=sampling))
+    t1 = time.perf_counter()
+    batch = self.score(prompts, rows, sampling.n)
+    batch.seconds = {"generate_s": t1 - t0, "score_s": time.perf_counter() - t1}
+    return batch

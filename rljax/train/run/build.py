@@ -1,0 +1,136 @@
+"""Build everything a run needs from a validated config (once, before the loop).
+
+`build(config) -> Run` is where the ConfigDict ends: the specs, the task and its reward,
+the tokenizer, the models on their mesh (`Params`), the rollouts (single-turn or
+episodic, chosen here), the prompt sampler. Nothing after it reads the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from flax import nnx
+
+from rljax import parallel
+from rljax.data.samplers import make_sampler
+from rljax.data.tasks import make_task
+from rljax.envs import load_env_factory
+from rljax.models import ModelConfig
+from rljax.sampling import SamplingParams
+from rljax.train.config.specs import Specs, build_specs
+from rljax.train.params import Params
+from rljax.train.rollout import RolloutContext, make_rollouts
+from rljax.train.run import components
+from rljax.train.update.advantages import gdpo_terms
+
+
+@dataclasses.dataclass
+class Run:
+  """What `build` makes of a config: the specs and the objects the loop works with.
+
+  Attributes:
+    rollouts: the run's `SingleTurn` or `Episodic` rollout (its `ctx` has the task,
+      tokenizer, prompt columns, sampling parameters, reward and mesh).
+    ood: (rollouts, prompts) of the out-of-distribution evaluation split, or None.
+    prompt_sampler: uniform | curriculum | prioritized (`rljax.data.samplers`).
+    prompt_index: prompt id -> index into `task.train_prompts()`.
+    config_json: the resolved config, written to the run directory.
+  """
+
+  specs: Specs
+  task: object
+  tokenizer: object
+  model_cfg: ModelConfig
+  params: Params
+  rollouts: object
+  ood: object
+  prompt_sampler: object
+  prompt_index: dict
+  mesh: object
+  config_json: str
+
+  @property
+  def ctx(self) -> RolloutContext:
+    return self.rollouts.ctx
+
+
+def _mesh(config):
+  p = config.parallel
+  devices = parallel.select_devices(p.num_devices)
+  return parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)
+
+
+def _params(config, actor, critic, mesh, specs: Specs) -> Params:
+  parallel.shard_model(actor, mesh)
+  if critic is not None:
+    parallel.shard_model(critic, mesh)
+  actor_graphdef, actor_state = nnx.split(actor)
+  critic_graphdef, critic_state = nnx.split(critic) if critic is not None else (None, None)
+  return Params(
+      actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef,
+      initial_actor=actor_state, initial_critic=critic_state,
+      actor_tx=components.optimizer(config, config.optim.actor_lr),
+      critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
+      sources=specs.sources, seed=specs.run.seed, lora=bool(config.model.lora_rank),
+      critic_from_policy=not config.algo.critic_init_path)
+
+
+def _ood(config, rollouts):
+  """(rollouts, prompts) of the `task.ood_difficulty` split (more terms than trained: the
+  "RL generalises, SFT memorises" check of Chu et al. 2025, arXiv:2501.17161), or None.
+  Its budget fits the split's worked solutions, so a longer reasoning mode is not cut off
+  by the training budget."""
+  t = config.task
+  if not t.ood_difficulty:
+    return None
+  options = {"digits": t.digits} if t.name == "arithmetic" else {}
+  task = make_task(t.name, difficulty=t.ood_difficulty, seed=t.seed, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight, **options)
+  ctx = rollouts.ctx
+  budget = max(ctx.sampling.max_new_tokens, task.max_completion_len + 1)
+  ctx = ctx.replace(task=task, prompt_len=max(ctx.prompt_len, task.max_prompt_len + 1),
+                    sampling=ctx.sampling.replace(max_new_tokens=budget))
+  return rollouts.with_context(ctx), task.heldout_prompts()
+
+
+def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
+  s = specs.rollout
+  sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                            top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, n=s.n,
+                            stop_tokens=(tokenizer.eos_id,))
+  reward_fn = components.task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
+  ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len,
+                       sampling=sampling, reward_fn=reward_fn,
+                       chat_template=bool(config.task.chat_template), mesh=mesh)
+  factory = load_env_factory(config.task.env) if config.task.env else None
+  return make_rollouts(ctx, s, env_factory=factory)
+
+
+def build(config) -> Run:
+  """Tokenizer, task, models, mesh, specs, rollouts and prompt sampler of a validated config."""
+  task = components.build_task(config)
+  tokenizer = components.build_tokenizer(config, task)
+  actor, critic, model_cfg = components.build_models(config, tokenizer)
+  prompt_len = components.prompt_length(config, task, tokenizer,
+                                        model_cfg.max_position_embeddings)
+  mesh = _mesh(config)
+  shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
+  specs = build_specs(config, model_description=repr(model_cfg),
+                      pack_groups=shards if config.algo.pack_sequences else 0)
+  rollouts = _rollouts(config, task, tokenizer, prompt_len, mesh, specs)
+  if config.algo.reward_aggregation == "normalize_then_sum":   # GDPO's reward weights
+    specs = dataclasses.replace(specs, advantage=dataclasses.replace(
+        specs.advantage, reward_weights=gdpo_terms(rollouts.ctx.reward_fn)[1]))
+  prompts = task.train_prompts()
+  sampler_options = ({"ramp_steps": config.task.curriculum_steps}
+                     if config.task.prompt_sampler == "curriculum" else {})
+  return Run(
+      specs=specs, task=task, tokenizer=tokenizer, model_cfg=model_cfg,
+      params=_params(config, actor, critic, mesh, specs), rollouts=rollouts,
+      ood=_ood(config, rollouts),
+      prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
+                                  **sampler_options),
+      prompt_index={p.id: i for i, p in enumerate(prompts)}, mesh=mesh,
+      config_json=config.to_json_best_effort(indent=2, sort_keys=True))
+

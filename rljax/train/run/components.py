@@ -1,0 +1,152 @@
+"""The builder's parts: task, reward, tokenizer, models and optimizers from the config.
+
+With `rljax.train.run.build` and `rljax.train.config.specs`, the only code after loading
+that reads the ConfigDict.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from flax import nnx
+
+from rljax.data import sources
+from rljax.data.batching import bucket_length
+from rljax.data.jsonl_task import JsonlTask
+from rljax.data.python_task import load_python_task
+from rljax.data.records_task import RecordsTask
+from rljax.data.tasks import make_task
+from rljax.data.tokenizers import DEFAULT_TAGS, CharTokenizer, HFTokenizer, check_vocab
+from rljax.models import Decoder, ModelConfig, add_lora, load_hf
+from rljax.models.heads import ValueModel
+from rljax.rewards.base import compose
+from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
+from rljax.rewards.user import user_reward_terms
+from rljax.train.config import ConfigError, completion_columns
+from rljax.train.params import make_optimizer
+from rljax.train.rollout import prompt_ids
+
+
+def build_task(config):
+  """The task object of `task.name` (synthetic, a data source, or the user's own)."""
+  t = config.task
+  if t.name == "python":
+    return load_python_task(t.python, n_heldout=t.heldout_size)
+  if t.name in ("jsonl", "hf_dataset", "tfds"):
+    fields = dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
+                  solution_field=t.solution_field)
+    options = dict(fields, answer_extractor=t.answer_extractor, answer_regex=t.answer_regex,
+                   prompt_template=t.prompt_template, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight)
+    if t.name == "jsonl":
+      return JsonlTask(t.jsonl_path, **options)
+    if t.name == "hf_dataset":
+      rows = sources.load_hf_rows(t.hf_path, split=t.hf_split, config=t.hf_config,
+                                  columns=list(fields.values()))
+      return RecordsTask(rows, source=f"{t.hf_path}[{t.hf_split}]", **options)
+    rows = sources.load_tfds_rows(t.tfds_name, split=t.tfds_split, data_dir=t.tfds_data_dir,
+                                  columns=list(fields.values()))
+    return RecordsTask(rows, source=f"{t.tfds_name}[{t.tfds_split}]", **options)
+  hi = t.difficulty_max or t.difficulty
+  options = ({"digits": t.digits, "scratchpad_fraction": t.scratchpad_fraction}
+             if t.name == "arithmetic" else
+             {"digits": t.digits, "tool_fraction": t.scratchpad_fraction}
+             if t.name == "calculator" else {})
+  return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
+                   format_weight=t.format_weight, **options)
+
+
+def task_rewards(task, config, tokenizer, max_tokens):
+  """The run's reward: the task's verifier (accuracy + weighted format; a user task's own
+  score), a reward model, and `task.reward_fns`, composed with failure containment.
+
+  `accuracy` and `format` are always components (the metrics, the held-out evaluation and
+  dynamic sampling read them); with `task.reward_fns` in "replace" mode they get weight 0.
+  """
+  t = config.task
+  # One verifier call per sample feeds every term (math verification can be expensive).
+  score = functools.lru_cache(maxsize=4096)(task.score)
+  verifier = not t.reward_fns or t.reward_fns_mode == "add"
+  terms = []
+  if t.name == "python":
+    terms.append(("task", lambda p, c: score(p, c)["total"], 1.0 if verifier else 0.0))
+    terms += [("accuracy", lambda p, c: score(p, c)["accuracy"], 0.0),
+              ("format", lambda p, c: score(p, c)["format"], 0.0)]
+  else:
+    terms += [("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0 if verifier else 0.0),
+              ("format", lambda p, c: score(p, c)["format"],
+               t.format_weight if verifier else 0.0)]
+  if t.reward_model_path:
+    scorer = RewardModelScorer.from_checkpoint(t.reward_model_path, tokenizer)
+    scorer.warmup(max_tokens)   # compile before the per-call deadline applies
+    terms.append(("reward_model", scorer, t.reward_model_weight))
+  taken = {name for name, _, _ in terms}
+  for name, fn, weight in user_reward_terms(list(t.reward_fns), list(t.reward_weights)):
+    terms.append((f"user_{name}" if name in taken else name, fn, weight))
+  return compose(terms, on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
+
+
+def prompt_length(config, task, tokenizer, max_positions):
+  """Prompt columns P (a shape bucket) such that P + max_new_tokens fits the model.
+
+  Prompts longer than that are rejected with an error naming one of them, or left-truncated
+  (their last tokens kept) when task.long_prompts == "truncate".
+  """
+  limit = max_positions - completion_columns(config)
+  prompts = task.train_prompts() + task.heldout_prompts()
+  chat = config.task.chat_template
+  lengths = [len(prompt_ids(tokenizer, p.text, chat_template=chat)) for p in prompts]
+  too_long = [p.id for p, n in zip(prompts, lengths) if n > limit]
+  if too_long and config.task.long_prompts == "reject":
+    raise ConfigError(
+        f"{len(too_long)} prompts (e.g. {too_long[0]}) are longer than {limit} tokens = model "
+        f"positions {max_positions} - sampling.max_new_tokens; set task.long_prompts='truncate' "
+        "to keep their last tokens, or shorten them")
+  return min(bucket_length(max(lengths)), limit)
+
+
+def build_tokenizer(config, task):
+  """The checkpoint's tokenizer (`model.hf_path`), else the character tokenizer with the
+  task's tags as single tokens."""
+  if config.model.hf_path:
+    return HFTokenizer(config.model.hf_path)
+  return CharTokenizer(tags=DEFAULT_TAGS + tuple(getattr(task, "tags", ())))
+
+
+def tiny_model_config(config, vocab_size) -> ModelConfig:
+  """The decoder of the `model` group's fields (no `model.hf_path`)."""
+  m = config.model
+  return ModelConfig(
+      vocab_size=m.vocab_size or vocab_size, hidden_size=m.hidden_size,
+      intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
+      num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
+      max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, arch="qwen2")
+
+
+def build_models(config, tokenizer):
+  """(actor, critic or None, model config). HF checkpoints or a tiny random decoder."""
+  rngs = nnx.Rngs(config.run.seed)
+  if config.model.hf_path:
+    actor, model_cfg = load_hf(config.model.hf_path, dtype=config.model.dtype)
+  else:
+    model_cfg = tiny_model_config(config, tokenizer.vocab_size)
+    actor = Decoder(model_cfg, rngs=rngs)
+  check_vocab(tokenizer, model_cfg.vocab_size)
+  m = config.model
+  if m.lora_rank:
+    add_lora(actor, rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
+             rngs=nnx.Rngs(config.run.seed + 3))
+  critic = None
+  if config.algo.advantage == "gae" and config.algo.critic_init_path:
+    critic = ValueModel.from_reward_model(load_reward_model(config.algo.critic_init_path))
+  elif config.algo.advantage == "gae":
+    critic = ValueModel(model_cfg, rngs=nnx.Rngs(config.run.seed + 1))
+  return actor, critic, model_cfg
+
+
+def optimizer(config, lr):
+  """AdamW of the optim group at learning rate `lr`."""
+  o = config.optim
+  return make_optimizer(lr, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
+                               b1=o.b1, b2=o.b2, grad_clip=o.grad_clip)

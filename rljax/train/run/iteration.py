@@ -1,0 +1,113 @@
+"""One RL iteration: rollout -> score -> old/ref log-probs and values -> advantages -> updates."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax import parallel
+from rljax.ops import kl as kl_ops
+from rljax.train.params import policy_params
+from rljax.train.rollout import collect
+from rljax.train.run.build import Run
+from rljax.train.update import batch_metrics
+from rljax.train.update.epochs import Epochs
+from rljax.train.update.forward import ForwardFns
+from rljax.train.update.prepare import Preparer
+
+
+@dataclasses.dataclass
+class Trainer:
+  """A built run and the compiled pieces of its iteration (made once per run)."""
+
+  run: Run
+  fns: ForwardFns
+  preparer: Preparer
+  epochs: Epochs
+  update_step: object
+
+  def compile_count(self) -> int:
+    """Programs compiled so far by the forward passes and the update step."""
+    return self.fns.compile_count() + self.update_step._cache_size()
+
+
+def iteration_keys(state, iteration):
+  """The iteration's keys for sampling, the update and the greedy baseline."""
+  base = jax.random.fold_in(jax.random.wrap_key_data(state.rng), iteration)
+  return dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
+
+
+def draw_prompts_fn(run: Run):
+  """Draws from the run's prompt sampler (its state is checkpointed with the run)."""
+  prompts = run.task.train_prompts()
+  return lambda k: [prompts[i] for i in run.prompt_sampler.sample(k)]
+
+
+def feed_back_success(run: Run, prompts, accuracy, n):
+  """Per-prompt success rates to the sampler (prioritized sampling tracks them online)."""
+  index = np.asarray([run.prompt_index[p.id] for p in prompts])
+  run.prompt_sampler.update(index, np.asarray(accuracy).reshape(-1, n).mean(axis=1))
+
+
+def _adapt_kl(run: Run, state, metrics, rows: int):
+  """The adaptive KL controller's next coefficient (Ziegler et al. 2019, arXiv:1909.08593)."""
+  s = run.specs.sources
+  if s.kl_controller != "adaptive" or not run.params.has_reference(state):
+    return state
+  ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=s.kl_target,
+                                    horizon=s.kl_horizon)
+  new_coef = ctl.update(metrics.get("kl/to_ref", 0.0), rows).value
+  return state._replace(kl_coef=_like(state.kl_coef, new_coef))
+
+
+def rl_iteration(trainer: Trainer, state, iteration, moments, model):
+  """Runs one iteration; returns (state, metrics, moments, update batch)."""
+  run = trainer.run
+  spec = run.specs.rollout
+  keys = iteration_keys(state, iteration)
+  t0 = time.perf_counter()
+  counter = iter(range(1_000_000))
+  batch, stats = collect(run.rollouts, model, draw_prompts_fn(run),
+                         lambda: jax.random.fold_in(keys["sample"], next(counter)), spec,
+                         greedy_key=keys["greedy"])
+  feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
+  t1 = time.perf_counter()
+  upd, metrics, moments = trainer.preparer.prepare(state, batch, keys["update"], moments)
+  train_actor = iteration >= run.specs.schedule.critic_warmup_iterations
+  state, update_metrics = trainer.epochs.run(state, upd, keys["update"],
+                                             train_actor=train_actor, iteration=iteration)
+  if run.specs.sources.old_logp_source == "update":
+    metrics.update(batch_metrics.old_policy_metrics(
+        upd, with_ref=run.params.has_reference(state)))
+  state = _adapt_kl(run, state, metrics, upd["mask"].shape[0])
+  t2 = time.perf_counter()
+  metrics.update(stats)
+  metrics.update(update_metrics)
+  metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
+                  "time/tokens_per_s": float(np.sum(batch.lengths))
+                  / max(stats["time/generate_s"], 1e-9)})
+  state = state._replace(iteration=_like(state.iteration, iteration + 1))
+  return state, metrics, moments, upd
+
+
+def save_analysis_batch(fns: ForwardFns, state, upd, path):
+  """The last rollout batch with the updated policy's log-probs, for `rljax.analysis`
+  (the notebook's trick-impact view on a real batch)."""
+  logp, _ = fns.policy_stats(policy_params(state), fns.sequences(upd, upd))
+  arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
+            "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
+            "truncated": upd["truncated"], "tokens": upd["tokens"]}
+  if "reward_components" in upd:   # GDPO: the unweighted rewards it normalised, [B, K]
+    arrays["reward_components"] = upd["reward_components"]
+  arrays = parallel.gather(arrays)   # a collective: every process calls this
+  if parallel.is_primary():
+    np.savez(path, **arrays)
+
+
+def _like(old, value):
+  """`value` with the dtype and sharding of `old` (keeps the update step's cache warm)."""
+  return jax.device_put(jnp.asarray(value, old.dtype), old.sharding)

@@ -1,0 +1,183 @@
+"""The training loop: a short function over `rl_iteration`, with resume and evaluation."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import jax
+
+from rljax import parallel, sampling
+from rljax.ops.shaping import RunningMoments
+from rljax.train.config import validate
+from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.rollout import evaluate
+from rljax.train.run import metrics as run_metrics
+from rljax.train.run.build import Run, build
+from rljax.train.run.iteration import rl_iteration, save_analysis_batch
+from rljax.train.run.rejection_sft import RejectionSFT
+from rljax.train.run.stop import StopFlag
+from rljax.train.run.trainer import make_trainer, warm_start_fn
+
+
+def evaluate_heldout(run: Run, model, key, *, with_ood=False) -> dict:
+  """Held-out metrics; with `with_ood` also the `task.ood_difficulty` split as `ood_*`."""
+  s = run.specs.rollout
+  out = evaluate(run.rollouts, model, run.task.heldout_prompts(), key, n=s.eval_n,
+                 temperature=s.eval_temperature)
+  if with_ood and run.ood is not None:
+    rollouts, prompts = run.ood
+    ood = evaluate(rollouts, model, prompts, key, n=s.eval_n, temperature=s.eval_temperature)
+    out.update({f"ood_{k}": v for k, v in ood.items()})
+  return out
+
+
+def _jsonable(tree):
+  if isinstance(tree, dict):
+    return {k: _jsonable(v) for k, v in tree.items()}
+  if hasattr(tree, "tolist"):
+    return tree.tolist()
+  return tree
+
+
+class _Session:
+  """One call of `train`: the trainer, the checkpointer, the metric writer, the state."""
+
+  def __init__(self, config):
+    self.t_start = time.perf_counter()
+    self.run = build(config)
+    spec = self.run.specs.run
+    self.dir = pathlib.Path(spec.dir)
+    self.primary = parallel.is_primary()   # under jax.distributed only process 0 writes
+    self.dir.mkdir(parents=True, exist_ok=True)
+    if self.primary:
+      (self.dir / "config.json").write_text(self.run.config_json)
+    self.ckpt = Checkpointer(self.dir, keep=spec.keep_checkpoints)
+    self.writer = run_metrics.MetricWriter(self.dir, tensorboard=spec.tensorboard,
+                                           enabled=self.primary)
+    self.eval_key = jax.random.key(spec.seed + 7)
+    self.rsft = None
+    rsft = self.run.specs.schedule.rsft
+    if rsft is not None:
+      self.rsft = RejectionSFT(rsft, rollouts=self.run.rollouts, task=self.run.task,
+                               graphdef=self.run.params.actor_graphdef, mesh=self.run.mesh,
+                               seed=spec.seed)
+
+  def start(self):
+    """(state, reward moments, first iteration, held-out metrics before RL).
+
+    Resumes from the newest readable checkpoint (restored into a template with the right
+    structure and shardings, so no SFT is redone); otherwise SFT warm start and evaluation.
+    """
+    params = self.run.params
+    template = params.init_state(params.initial_actor)
+    self.trainer = make_trainer(self.run, template)
+    restored = params.restore(self.ckpt, template)
+    if restored is None:
+      state = params.fresh_state(warm_start_fn(self.run))
+      params.save_frozen(self.ckpt, state)
+      before = evaluate_heldout(self.run, params.model(state), self.eval_key, with_ood=True)
+      return state, RunningMoments.create(), 0, before
+    step, state, host = restored
+    self.run.prompt_sampler.load_state_dict(host["prompt_sampler"])
+    start = int(state.iteration)
+    if self.primary:
+      print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {self.ckpt.directory}")
+    moments = RunningMoments(*[jax.numpy.asarray(x) for x in host["reward_moments"]])
+    return state, moments, start, host["heldout_before"]
+
+  def compile_count(self) -> int:
+    """Programs compiled so far: sampler, forward passes, update step, RS-FT."""
+    extra = self.rsft.compile_count() if self.rsft is not None else 0
+    return sampling.compile_count() + self.trainer.compile_count() + extra
+
+  def iteration(self, state, it, moments):
+    """A rejection-sampling phase when due, one RL iteration, its metrics (and held-out
+    ones when due). Raises when too many updates in a row were skipped as non-finite."""
+    run, spec = self.run, self.run.specs.run
+    rsft_metrics = {}
+    if self.rsft is not None and it % self.rsft.spec.every == 0:
+      state, rsft_metrics, *_ = self.rsft.phase(state, it, run.params.model(state))
+    state, m, moments, upd = rl_iteration(self.trainer, state, it, moments,
+                                          run.params.model(state))
+    refreshed = run.params.refresh_reference(state, it)
+    if refreshed is not state:
+      state, m["kl/ref_refreshed"] = refreshed, 1
+    m.update(rsft_metrics)
+    skipped_in_row = int(state.nonfinite_in_row)
+    if skipped_in_row >= spec.max_nonfinite_in_row:
+      raise FloatingPointError(
+          f"{skipped_in_row} updates in a row had a non-finite loss or gradient "
+          f"(run.max_nonfinite_in_row={spec.max_nonfinite_in_row}); stopping. The last "
+          f"good checkpoint in {self.ckpt.directory} is intact.")
+    m["compile/programs"] = self.compile_count()
+    m["update/skipped_total"] = int(state.skipped_updates)
+    if spec.eval_every and (it + 1) % spec.eval_every == 0:
+      heldout = evaluate_heldout(run, run.params.model(state), self.eval_key)
+      m.update({f"eval/{k}": v for k, v in heldout.items()})
+    return state, m, moments, upd
+
+  def host_state(self, before, moments):
+    return {"heldout_before": before, "reward_moments": [float(x) for x in moments],
+            "prompt_sampler": _jsonable(self.run.prompt_sampler.state_dict())}
+
+  def finish(self, state, before) -> dict:
+    """Plots, result.json (process 0) and the RESULT dict (every process)."""
+    run = self.run
+    after = evaluate_heldout(run, run.params.model(state), self.eval_key, with_ood=True)
+    if run.specs.run.plots and self.primary:
+      run_metrics.plot_run(self.dir, before=before, after=after)
+    result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],
+              "wall_s": round(time.perf_counter() - self.t_start, 1),
+              "iterations": int(state.iteration)}
+    result.update({f"heldout_{k}": v for k, v in after.items() if k != "accuracy"})
+    result.update({f"heldout_{k}_before": v for k, v in before.items() if k != "accuracy"})
+    if self.primary:
+      (self.dir / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def train(config, *, stop_after=None):
+  """Runs (or resumes) an RL run; returns the RESULT dict.
+
+  Args:
+    config: a full config (see rljax.train.config.base_config).
+    stop_after: stop (with a checkpoint) after this many iterations of this call; for tests.
+  """
+  validate(config)
+  session = _Session(config)
+  state, moments, start, before = session.start()
+  session.writer.truncate_after(start)
+  try:
+    state = _loop(session, state, moments, start, before, stop_after)
+  finally:
+    session.ckpt.close()   # waits for an asynchronous save in flight, even on an error
+  session.writer.close()
+  return session.finish(state, before)
+
+
+def _loop(session: _Session, state, moments, start, before, stop_after):
+  """The iterations of this call, with checkpoints; returns the last state."""
+  spec = session.run.specs.run
+  progress = run_metrics.Progress(spec.iterations, start, enabled=spec.progress and session.primary)
+  with StopFlag() as stop:
+    for done, it in enumerate(range(start, spec.iterations), start=1):
+      state, m, moments, upd = session.iteration(state, it, moments)
+      session.writer.write(it + 1, m)
+      progress.update(m)
+      last = it + 1 == spec.iterations
+      # Every process must agree (the checkpoint is collective); a signal may reach one.
+      interrupted = (parallel.any_process(stop.raised)
+                     or (stop_after is not None and done >= stop_after))
+      periodic = spec.save_every and (it + 1) % spec.save_every == 0
+      # A state right after a skipped (non-finite) update is never checkpointed.
+      if int(state.nonfinite_in_row) == 0 and (last or interrupted or periodic):
+        session.run.params.save(session.ckpt, it + 1, state, session.host_state(before, moments))
+      if last:
+        save_analysis_batch(session.trainer.fns, state, upd, session.dir / "analysis_batch.npz")
+      if interrupted:
+        break
+  progress.close()
+  return state
+

@@ -1,0 +1,40 @@
+"""The compiled pieces of a run's iteration, made once the state's placement is known."""
+
+from __future__ import annotations
+
+import jax
+
+from rljax.parallel import batch_sharding
+from rljax.train.run.build import Run
+from rljax.train.run.iteration import Trainer
+from rljax.train.update.epochs import Epochs
+from rljax.train.update.forward import ForwardFns
+from rljax.train.update.prepare import Preparer
+from rljax.train.update.sft import warm_start
+from rljax.train.update.step import build_update_step
+
+
+def make_trainer(run: Run, template) -> Trainer:
+  """Forward passes, batch preparation, and the update step whose output shardings are
+  those of the placed `template` state (so the second call hits the compilation cache)."""
+  specs, params = run.specs, run.params
+  num_micro = specs.schedule.microbatches
+  fns = ForwardFns(specs.loss, params.actor_graphdef, params.critic_graphdef,
+                   num_micro=num_micro, mesh=run.mesh)
+  update_step = build_update_step(
+      specs.loss, params.actor_graphdef, params.critic_graphdef, params.actor_tx,
+      params.critic_tx, num_micro, state_shardings=jax.tree.map(lambda x: x.sharding, template),
+      mesh=run.mesh)
+  epochs = Epochs(update_step=update_step, fns=fns, schedule=specs.schedule,
+                  rows_sharding=batch_sharding(run.mesh), ptx_context=run.ctx,
+                  seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens)
+  preparer = Preparer.create(specs, fns, params, run.mesh, run.ctx.reward_fn)
+  return Trainer(run=run, fns=fns, preparer=preparer, epochs=epochs, update_step=update_step)
+
+
+def warm_start_fn(run: Run):
+  """`warm_start(params, frozen=()) -> params`: the run's cached SFT start."""
+  def start(params, frozen=()):
+    return warm_start(run.params.actor_graphdef, run.ctx, params, spec=run.specs.sft,
+                      seed=run.specs.run.seed, progress=run.specs.run.progress, frozen=frozen)
+  return start

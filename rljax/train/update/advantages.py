@@ -1,0 +1,103 @@
+"""From scores, KL and values to per-token advantages, with the estimator the run names.
+
+Group estimators see the rollout as `[P, G]` (P prompts, G samples, prompt-major rows, as
+`rljax.sampling.generate` returns them) and come from the registry
+`rljax.ops.estimators.ADVANTAGE_ESTIMATORS`. Token estimators (GAE, REINFORCE++) see
+per-token rewards `r_t = 1[t = last]·score − β·KL_t`. For sequence-level estimators the
+KL penalty, when placed in the reward, is summed over the sequence and subtracted from the
+score before the baseline (TRL's RLOO does the same).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from rljax.ops import advantages as adv_ops
+from rljax.ops import advantages_group
+from rljax.ops import kl as kl_ops
+from rljax.ops.estimators import GroupInputs, sequence_advantages
+from rljax.train.config.specs import AdvantageSpec
+
+
+def gdpo_terms(reward_fn):
+  """(names, weights) of the rewards GDPO normalises one by one: every weighted component
+  of the run's reward (`rljax.rewards.base.Composite`), plus "shaping" (weight 1: what the
+  length and repetition penalties add)."""
+  terms = [(name, w) for name, _, w in reward_fn.terms if w != 0]
+  return tuple(n for n, _ in terms) + ("shaping",), tuple(w for _, w in terms) + (1.0,)
+
+
+def _to_groups(x, g):
+  return x.reshape(-1, g, *x.shape[1:])
+
+
+def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
+  """(advantages, returns) of the token-level estimators."""
+  rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
+  g, kwargs = spec.group_size, dict(spec.kwargs)
+  if spec.estimator == "gae":
+    return adv_ops.gae(rewards_bt, batch["values"], mask, gamma=spec.gamma, lam=spec.lam)
+  if spec.estimator == "reinforce_pp":
+    advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
+    return advantages, advantages
+  if spec.estimator == "optimal_token_baseline":
+    # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
+    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
+    advantages = advantages_group.optimal_token_baseline_advantages(
+        _to_groups(returns, g), _to_groups(batch["sampled_logp"], g),
+        _to_groups(batch["sum_sq"], g), _to_groups(mask, g), **kwargs).reshape(mask.shape)
+    return advantages, returns
+  # reinforce_pp_baseline
+  seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
+  advantages = adv_ops.reinforce_pp_baseline_advantages(
+      seq_scores.reshape(-1, g), _to_groups(mask, g)).reshape(mask.shape)
+  return advantages, advantages
+
+
+def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
+  """Advantages of a sequence-level estimator (or GDPO), broadcast over each row's tokens."""
+  g = spec.group_size
+  valid_pg = batch["valid"].reshape(-1, g)
+  if spec.reward_weights:   # GDPO; validation allows it with "grpo" and no KL in reward
+    comps = batch["reward_components"]
+    adv_b = advantages_group.gdpo_advantages(
+        _to_groups(comps, g), jnp.asarray(spec.reward_weights), eps=spec.eps, mask_bg=valid_pg,
+        whiten_over=spec.gdpo_whiten_over,
+        lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g)).reshape(-1)
+  else:
+    seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
+    greedy = batch.get("greedy_scores")
+    inputs = GroupInputs(mask_bg=valid_pg,
+                         lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g),
+                         greedy_bg=None if greedy is None else greedy.reshape(-1, g))
+    adv_b = sequence_advantages(spec.estimator, spec.kwargs, seq_scores.reshape(-1, g),
+                                inputs).reshape(-1)
+  advantages = jnp.broadcast_to(adv_b[:, None], mask.shape) * mask
+  return advantages, advantages
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
+  """Advantages [B,T] and returns [B,T] (returns only meaningful for GAE).
+
+  Args:
+    spec: static choices.
+    batch: dict with scores [B], valid [B] (sequences that count), mask [B,T], old_logp,
+      optionally ref_logp [B,T], values [B,T], greedy_scores [B], reward_components [B,K].
+    kl_coef: current β (scalar array).
+  Returns:
+    (advantages [B,T], returns [B,T], kl_bt [B,T] or zeros).
+  """
+  mask = batch["mask"] * batch["valid"][:, None]
+  scores = batch["scores"].astype(jnp.float32)
+  kl_bt = jnp.zeros(mask.shape, jnp.float32)
+  if spec.kl_in_reward:
+    kl_bt = kl_ops.kl_estimate(batch["old_logp"], batch["ref_logp"], spec.kl_estimator) * mask
+  estimate = _token_level if spec.token_level else _sequence_level
+  advantages, returns = estimate(spec, batch, scores, kl_bt, mask, kl_coef)
+  if spec.whiten:
+    advantages = adv_ops.whiten(advantages, mask)
+  return advantages * mask, returns * mask, kl_bt

@@ -1,0 +1,83 @@
+"""Consuming one update batch: `epochs × minibatches` update steps over shuffled rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.train.config.specs import ScheduleSpec
+from rljax.train.rollout.demonstrations import demonstration_batch
+from rljax.train.update import objective
+from rljax.train.update.forward import ForwardFns
+
+UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
+               "advantages", "returns", "old_values", "token_weights", "is_weights", "rng")
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def take_rows(tree, index, sharding):
+  """Rows `index` of every array in `tree`, as one program (every process runs the same
+  one, whatever the arrays' layout over processes), placed with `sharding`."""
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x[index], sharding), tree)
+
+
+def ptx_batch(ctx, size: int, *, seed, completion_len: int):
+  """Demonstrations mixed into the RL loss (InstructGPT's PPO-ptx, arXiv:2203.02155,
+  Eq. 2), drawn reproducibly from `seed` = (run seed, iteration, epoch, minibatch)."""
+  prompts = ctx.task.train_prompts()
+  rng = np.random.default_rng([seed[0], 7, *seed[1:]])
+  chosen = [prompts[i] for i in rng.integers(0, len(prompts), size)]
+  return demonstration_batch(ctx, chosen, completion_len)
+
+
+@dataclasses.dataclass
+class Epochs:
+  """The update steps of one iteration (`algo.epochs` × `algo.minibatches`)."""
+
+  update_step: object
+  fns: ForwardFns
+  schedule: ScheduleSpec
+  rows_sharding: object
+  ptx_context: object = None   # the RolloutContext of ptx demonstrations (algo.ptx_coef)
+  seed: int = 0
+  completion_len: int = 0
+
+  def minibatch(self, state, upd, index, *, iteration, epoch, m):
+    """The update step's input for rows `index` of `upd`."""
+    minibatch = take_rows({k: upd[k] for k in UPDATE_KEYS}, jnp.asarray(index),
+                          self.rows_sharding)
+    minibatch.update(self.fns.pack(upd, upd["tokens"].shape[1], upd["prompt_tokens"].shape[1],
+                                   np.asarray(index)))
+    minibatch["kl_coef"] = jnp.copy(state.kl_coef)   # own buffer: the state is donated
+    if self.schedule.ptx_coef:
+      minibatch["ptx"] = ptx_batch(self.ptx_context, len(index),
+                                   seed=(self.seed, iteration, epoch, m),
+                                   completion_len=self.completion_len)
+    return minibatch
+
+  def run(self, state, upd, update_key, *, train_actor: bool, iteration: int):
+    """Returns (state, mean metrics over the steps as `update/<name>`); with the old
+    log-probs taken from the update's own forward pass, `upd` gets them back in row order."""
+    s = self.schedule
+    b = upd["mask"].shape[0]
+    per_mb = b // s.minibatches
+    sums, count = {}, 0
+    for epoch in range(s.epochs):
+      perm = np.asarray(jax.random.permutation(jax.random.fold_in(update_key, epoch), b))
+      for m in range(s.minibatches):
+        index = perm[m * per_mb:(m + 1) * per_mb]
+        minibatch = self.minibatch(state, upd, index, iteration=iteration, epoch=epoch, m=m)
+        state, metrics = self.update_step(state, minibatch, jnp.asarray(train_actor))
+        per_token = metrics.pop(objective.TOKEN_OUTPUTS, None)
+        if per_token is not None:   # old_logp_source="update": one minibatch, rows in `index`
+          inverse = jnp.argsort(index)
+          upd["old_logp"], upd["entropy"] = (per_token[k][inverse]
+                                             for k in ("old_logp", "entropy"))
+        for k, v in metrics.items():
+          sums[k] = sums.get(k, 0.0) + float(v)
+        count += 1
+    return state, {f"update/{k}": v / count for k, v in sums.items()}

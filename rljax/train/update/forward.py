@@ -1,0 +1,88 @@
+"""Jitted forward passes over a whole rollout batch: old and reference log-probs, entropies,
+values, Σπ² (the optimal token baseline), in micro-batches like the update step."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from rljax.parallel import batch_sharding
+from rljax.train.config.specs import LossSpec
+from rljax.train.update import objective, packing
+from rljax.train.update.step import split_micro
+
+SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+
+
+def in_micro_batches(fn, num_micro: int):
+  """fn(params, batch) run over `num_micro` consecutive row chunks in a `lax.map` (one
+  chunk's activations live at a time), outputs concatenated back in row order."""
+  if num_micro == 1:
+    return fn
+
+  def chunked(params, batch):
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    if rows % num_micro:
+      raise ValueError(f"algo.microbatches={num_micro} must divide the {rows} rollout rows")
+    out = jax.lax.map(lambda chunk: fn(params, chunk), split_micro(batch, num_micro))
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
+  return chunked
+
+
+def pack_batch(mesh, groups: int, lengths, completion_width, prompt_width, index=None):
+  """The packing layout (`rljax.train.update.packing`) of the rows `index` of a batch,
+  placed like its rows: `groups` = one group per (micro-batch, data shard).
+
+  Args:
+    lengths: host dict with `prompt_lengths` and `lengths` [B] (completion extents).
+  """
+  take = (lambda x: x) if index is None else (lambda x: x[index])  # noqa: E731
+  layout = packing.pack_layout(take(lengths["prompt_lengths"]), take(lengths["lengths"]),
+                               prompt_width=prompt_width, completion_width=completion_width,
+                               groups=groups)
+  sharding = batch_sharding(mesh)
+  return {k: jax.device_put(v, sharding) for k, v in packing.layout_arrays(layout).items()}
+
+
+class ForwardFns:
+  """Jitted forward passes over a whole rollout batch (compiled once per run), in
+  `algo.microbatches` chunks like the update step, so they do not set the memory peak."""
+
+  def __init__(self, loss: LossSpec, actor_graphdef, critic_graphdef, *, num_micro, mesh):
+    temperature, pack_groups = loss.temperature, loss.pack_groups
+
+    def policy_forward(params, batch):
+      return objective.policy_forward(nnx.merge(actor_graphdef, params), batch,
+                                      temperature=temperature, pack_groups=pack_groups)
+
+    def value_forward(params, batch):
+      return objective.value_forward(nnx.merge(critic_graphdef, params), batch)
+
+    def sum_sq_forward(params, batch):
+      return objective.policy_sum_sq_forward(nnx.merge(actor_graphdef, params), batch,
+                                             temperature=temperature)
+
+    self.policy_stats = jax.jit(in_micro_batches(policy_forward, num_micro))
+    self.values = jax.jit(in_micro_batches(value_forward, num_micro))
+    # (log-probs, Σπ²) for the optimal token baseline; compiled only when that mode calls it
+    self.policy_sum_sq = jax.jit(in_micro_batches(sum_sq_forward, num_micro))
+    self.pack_groups = num_micro * pack_groups   # packing layout groups per batch (0: padded)
+    self.mesh = mesh
+
+  def pack(self, lengths, completion_width, prompt_width, index=None):
+    """The packing layout of (rows `index` of) a batch; {} when the run does not pack."""
+    if not self.pack_groups:
+      return {}
+    return pack_batch(self.mesh, self.pack_groups, lengths, completion_width, prompt_width,
+                      index)
+
+  def sequences(self, batch, lengths):
+    """The forwards' input: the four sequence arrays of `batch`, plus the packing layout
+    of its rows when the run packs (`lengths`: host prompt_lengths and lengths)."""
+    out = {k: batch[k] for k in SEQUENCE_KEYS}
+    out.update(self.pack(lengths, out["tokens"].shape[1], out["prompt_tokens"].shape[1]))
+    return out
+
+  def compile_count(self):
+    return (self.policy_stats._cache_size() + self.values._cache_size()
+            + self.policy_sum_sq._cache_size())
