@@ -24,7 +24,6 @@ from rljax.train.rollout.environments import Episode, episode_metrics
 from rljax.train.rollout.episodic import run_episodes, turn_inputs
 from rljax.train.run.build import build
 from rljax.train.update import objective
-from rljax.train.update.prepare import episode_policy
 
 
 def _episode(max_turns, max_observation_tokens, timeout):
@@ -173,7 +172,7 @@ def test_statuses_decide_loss_and_baseline(tmp_path):
   # done, max_turns, length, env_error, timeout
   records = EpisodeRecords(status=np.asarray([0, 1, 2, 3, 4]), tool_calls=np.zeros(5),
                            episodes=[], metrics={})
-  keep, valid = episode_policy(records, tuple(config.algo.on_truncated_episode.items()), 5)
+  keep, valid = records.loss_rows(tuple(config.algo.on_truncated_episode.items()))
   np.testing.assert_array_equal(keep, [1, 0, 0, 0, 0])
   np.testing.assert_array_equal(valid, [1, 1, 0, 1, 1])
 

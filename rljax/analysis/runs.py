@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import types
 
@@ -88,11 +87,6 @@ def expand_run_dirs(spec):
     for child in sorted(p for p in path.iterdir() if p.is_dir() and _is_run(p)):
       runs[f"{path.name}/{child.name}"] = child
   return runs
-
-
-def runs_from_env(var="RLJAX_RUNS", default="runs"):
-  """Run directories named by the environment variable `var` (comma-separated paths)."""
-  return expand_run_dirs(os.environ.get(var) or default)
 
 
 def ablation_dirs(spec):

@@ -97,7 +97,3 @@ def worker_call(request: dict, *, timeout: float):
   return _worker.call(request, timeout)
 
 
-def close_worker() -> None:
-  """Stops the worker process (it restarts on the next call)."""
-  with _worker.lock:
-    _worker.close()

@@ -68,7 +68,7 @@ def logprobs_from_hidden(hidden_btd, targets_bt, lm_head_fn: Callable, *, temper
                          chunk_size: int = DEFAULT_CHUNK_SIZE):
   """log softmax(lm_head(h_t) / τ)[y_t], chunked over T.
 
-  The sampling temperature τ must match the sampler's (trl#4159: importance ratios
+  The sampling temperature τ must match the sampler's (huggingface/trl#4159: importance ratios
   far from 1 otherwise). Policy-gradient log-likelihood of Williams 1992 ("Simple
   statistical gradient-following algorithms for connectionist reinforcement learning",
   Eq. 3 ∇ log π), evaluated per token as in PPO (Schulman et al. 2017, arXiv:1707.06347,

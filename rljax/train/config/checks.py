@@ -22,6 +22,15 @@ def _check(errors, ok, message):
 
 def check_combinations(errors, c):
   """Fields that are valid alone but not together (every feature's own checks)."""
+  for check in (_check_advantages_and_rewards, _check_batch_split, _check_task, _check_data_source,
+                _check_rsft, _check_policy_loss_and_reference, _check_user_rewards, _check_lora,
+                _check_env, _check_old_logp_from_update):
+    check(errors, c)
+
+
+def _check_advantages_and_rewards(errors, c):
+  """The estimator's group size, KL to a reference, dynamic sampling, overlong shaping,
+  what trains the policy."""
   a, s = c.algo, c.sampling
   estimator = ADVANTAGE_ESTIMATORS.get(a.advantage)
   if s.n < 2 and estimator is not None and estimator.group:
@@ -41,11 +50,6 @@ def check_combinations(errors, c):
   if a.soft_overlong and not 0 < a.overlong_cache_len < completion_columns(c):
     errors.append(f"algo.overlong_cache_len={a.overlong_cache_len} must be in "
                   f"(0, sampling.max_new_tokens={completion_columns(c)})")
-  if c.task.ood_difficulty and c.task.name not in TASKS:
-    errors.append(f"task.ood_difficulty={c.task.ood_difficulty} needs a synthetic task "
-                  f"({sorted(TASKS)}), not task.name={c.task.name!r}")
-  if c.task.ood_difficulty < 0:
-    errors.append(f"task.ood_difficulty={c.task.ood_difficulty} must be >= 0 (0: off)")
   if a.pg_coef < 0:
     errors.append(f"algo.pg_coef={a.pg_coef} must be >= 0")
   elif a.pg_coef == 0 and not (a.ptx_coef or a.rsft_every or a.entropy_coef):
@@ -53,37 +57,43 @@ def check_combinations(errors, c):
                   "(continued SFT) or algo.rsft_every (rejection-sampled SFT)")
   if a.critic_warmup_iterations > 0 and a.advantage != "gae":
     errors.append("algo.critic_warmup_iterations > 0 needs a critic (algo.advantage='gae')")
+
+
+def _check_batch_split(errors, c):
+  """Epochs, minibatches and micro-batches divide the rollout batch."""
+  a, s = c.algo, c.sampling
   batch = s.prompts_per_iteration * s.n
-  for name in ("minibatches", "microbatches"):
+  for name in ("minibatches", "microbatches", "epochs"):
     if a[name] < 1:
       errors.append(f"algo.{name}={a[name]} must be >= 1")
   if a.minibatches < 1 or a.microbatches < 1 or batch < 1:
-    pass
-  elif batch % a.minibatches:
+    return
+  if batch % a.minibatches:
     errors.append(f"algo.minibatches={a.minibatches} must divide the rollout batch "
                   f"prompts_per_iteration*n={batch}")
   elif (batch // a.minibatches) % a.microbatches:
     errors.append(f"algo.microbatches={a.microbatches} must divide the minibatch size "
                   f"{batch // a.minibatches}")
-  if c.task.chat_template and not c.model.hf_path:
+
+
+def _check_task(errors, c):
+  """The out-of-distribution split, chat templates, the JSONL path."""
+  t = c.task
+  if t.ood_difficulty and t.name not in TASKS:
+    errors.append(f"task.ood_difficulty={t.ood_difficulty} needs a synthetic task "
+                  f"({sorted(TASKS)}), not task.name={t.name!r}")
+  if t.ood_difficulty < 0:
+    errors.append(f"task.ood_difficulty={t.ood_difficulty} must be >= 0 (0: off)")
+  if t.chat_template and not c.model.hf_path:
     errors.append("task.chat_template=True needs a Hugging Face tokenizer (model.hf_path)")
-  if c.task.name == "jsonl" and not c.task.jsonl_path:
+  if t.name == "jsonl" and not t.jsonl_path:
     errors.append("task.jsonl_path is empty but task.name='jsonl'")
-  _check_data_source(errors, c.task)
-  if a.epochs < 1:
-    errors.append(f"algo.epochs={a.epochs} must be >= 1")
-  _check_rsft(errors, a)
-  _check_policy_loss_and_reference(errors, a)
-  _check_user_rewards(errors, c)
-  _check_lora(errors, c)
-  _check_env(errors, c)
-  if a.old_logp_source == "update":
-    _check_old_logp_from_update(errors, a)
 
 
-def _check_policy_loss_and_reference(errors, a):
+def _check_policy_loss_and_reference(errors, c):
   """The chosen policy loss's own fields (its registry entry's check), the KL corrections,
   reference refresh and PF-PPO."""
+  a = c.algo
   if a.policy_loss in POLICY_LOSSES:
     errors.extend(POLICY_LOSSES[a.policy_loss].check(a))
   if a.kl_is_correction and a.kl_placement != "loss":
@@ -204,8 +214,11 @@ def _check_env(errors, c):
                   "over processes")
 
 
-def _check_old_logp_from_update(errors, a):
+def _check_old_logp_from_update(errors, c):
   """old_logp_source='update' is exact only when nothing needs old log-probs before the step."""
+  a = c.algo
+  if a.old_logp_source != "update":
+    return
   blockers = [(a.epochs * a.minibatches != 1, f"algo.epochs={a.epochs} x algo.minibatches="
                f"{a.minibatches} updates per rollout (needs exactly 1)"),
               (a.kl_placement == "reward", "algo.kl_placement='reward'"),
@@ -217,8 +230,9 @@ def _check_old_logp_from_update(errors, a):
                     f"step's own forward pass, which {what} rules out; use 'recompute'")
 
 
-def _check_data_source(errors, t):
+def _check_data_source(errors, c):
   """Fields of the jsonl / hf_dataset / tfds prompt sources."""
+  t = c.task
   for name, field in (("hf_dataset", "hf_path"), ("tfds", "tfds_name")):
     if t.name == name and not t[field]:
       errors.append(f"task.{field} is empty but task.name={name!r}")
@@ -236,8 +250,9 @@ def _check_data_source(errors, t):
     errors.append(f"task.prompt_template={t.prompt_template!r} must contain '{{prompt}}'")
 
 
-def _check_rsft(errors, a):
+def _check_rsft(errors, c):
   """Rejection-sampling fine-tuning fields (rljax.train.run.rejection_sft)."""
+  a = c.algo
   if not isinstance(a.rsft_every, int) or a.rsft_every < 0:
     errors.append(f"algo.rsft_every={a.rsft_every!r} must be an int >= 0 (0: off)")
     return

@@ -74,15 +74,15 @@ class Checkpointer:
 
   def save_frozen(self, tree):
     """Writes parameters that never change during the run (a LoRA run's base) once, beside
-    the step checkpoints, which then hold only what trains."""
-    if self.frozen_directory.exists():
+    the step checkpoints, which then hold only what trains (nothing to write: None)."""
+    if tree is None or self.frozen_directory.exists():
       return
     with ocp.StandardCheckpointer() as ckpt:
       ckpt.save(self.frozen_directory, tree)
 
   def restore_frozen(self, abstract_tree):
-    """The tree `save_frozen` wrote, or None when there is none."""
-    if not self.frozen_directory.exists():
+    """The tree `save_frozen` wrote, or None when there is none (or none is expected)."""
+    if abstract_tree is None or not self.frozen_directory.exists():
       return None
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_tree)
     with ocp.StandardCheckpointer() as ckpt:

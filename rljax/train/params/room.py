@@ -142,19 +142,15 @@ class Params:
     structure and shardings of `template`; None when there is none (or a LoRA run's base is
     missing)."""
     restored = ckpt.restore_latest(template._replace(base=None))
-    if restored is None:
+    base = ckpt.restore_frozen(template.base)   # written once, beside the checkpoints
+    if restored is None or (base is None) != (template.base is None):
       return None
     step, state, host = restored
-    if template.base is not None:   # the base was written once, beside the checkpoints
-      base = ckpt.restore_frozen(template.base)
-      if base is None:
-        return None
-      state = state._replace(base=base)
-    return step, state, host
+    return step, state._replace(base=base), host
 
   def save_frozen(self, ckpt, state: TrainState) -> None:
-    if state.base is not None:
-      ckpt.save_frozen(state.base)
+    """Writes a LoRA run's frozen base once, beside the step checkpoints."""
+    ckpt.save_frozen(state.base)
 
 
 def refresh_due(sources: PolicySourcesSpec, iteration: int) -> bool:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from rljax.envs import STATUSES
+
 # Sequence arrays: global `jax.Array`s whose rows are split over the mesh's batch axes.
 SEQUENCE_FIELDS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "sampler_logp",
                    "truncated")
@@ -23,6 +25,22 @@ class EpisodeRecords:
   tool_calls: np.ndarray       # int [B]
   episodes: list               # the host record of each row (`episodic.Episode`)
   metrics: dict                # turns/*, tools/*, termination/*, tokens/*, env/seconds
+
+  def loss_rows(self, on_truncated) -> tuple[np.ndarray, np.ndarray]:
+    """(keep-loss [B], valid [B]) floats from the statuses and `algo.on_truncated_episode`
+    ((status, keep | mask | drop) pairs): "mask" rows carry no loss but stay in their
+    group's baseline; "drop" rows are not in the baseline either."""
+    b = len(self.status)
+    keep, valid = np.ones(b, np.float32), np.ones(b, np.float32)
+    what_of = dict(on_truncated)
+    for code, name in enumerate(STATUSES):
+      what = what_of.get(name, "keep")
+      rows_of = np.asarray(self.status) == code
+      if what in ("mask", "drop"):
+        keep[rows_of] = 0.0
+      if what == "drop":
+        valid[rows_of] = 0.0
+    return keep, valid
 
 
 @dataclasses.dataclass
@@ -61,6 +79,17 @@ class RolloutBatch:
   @property
   def size(self) -> int:
     return len(self.scores)
+
+  def tool_use(self):
+    """bool [B]: the episode called a tool (None for single-turn rows)."""
+    return None if self.episodes is None else self.episodes.tool_calls > 0
+
+  def loss_rows(self, on_truncated=()) -> tuple[np.ndarray, np.ndarray]:
+    """(keep-loss [B], valid [B]): ones for single-turn rows; for episodes, from their
+    statuses (`EpisodeRecords.loss_rows`)."""
+    if self.episodes is None:
+      return np.ones(self.size, np.float32), np.ones(self.size, np.float32)
+    return self.episodes.loss_rows(on_truncated)
 
   def rows(self) -> dict:
     """Every per-row field as a dict (`components` as `reward/<name>` keys): the form the

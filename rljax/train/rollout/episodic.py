@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.envs.chat import ChatSeam
+from rljax.ops.turns import turn_advantages
 from rljax.parallel import batch_sharding
 from rljax.sampling.multiturn import (
     END_LENGTH,
@@ -41,10 +42,10 @@ from rljax.train.rollout.environments import (
     EnvRunner,
     Episode,
     as_step,
-    episode_metrics,
     ids_bucket,
     observation_ids,
 )
+from rljax.train.rollout.environments import episode_metrics as environment_metrics
 
 
 class _EpisodeLoop:
@@ -228,7 +229,7 @@ class Episodic:
     records = EpisodeRecords(
         status=np.asarray([STATUS_CODE[e.status] for e in episodes], np.int32),
         tool_calls=np.asarray([e.tool_calls for e in episodes], np.int32), episodes=episodes,
-        metrics=episode_metrics(episodes, float(np.sum(mask)), float(np.sum(extent)),
+        metrics=environment_metrics(episodes, float(np.sum(mask)), float(np.sum(extent)),
                                 out["env_seconds"]))
     return RolloutBatch(
         prompts=[], prompt_tokens=None, prompt_mask=None, tokens=None, mask=None,
@@ -289,3 +290,34 @@ def turn_logp_gap(episodes, sampler_logp, old_logp, mask) -> dict:
       start = end
   return {f"mismatch/turn{k}_logp_gap": float(np.mean(v)) for k, v in sorted(gaps.items())
           if not math.isnan(np.mean(v))}
+
+
+_turn_advantages = jax.jit(turn_advantages, static_argnames=("gamma", "group_size"))
+
+
+def turn_reward_advantages(batch: RolloutBatch, inputs, gamma: float, group: int):
+  """`algo.turn_rewards`: per-token advantages from the episodes' per-turn rewards
+  (`rljax.ops.turns.turn_advantages`); the verifier's part of the (shaped) score sits on the
+  last turn; rows that are not `valid` get 0.
+
+  Args:
+    inputs: the update's inputs: `mask` [B, T], shaped `scores` [B], `valid` [B].
+  """
+  mask = np.asarray(inputs["mask"])
+  rewards, exists, token_turn = turn_inputs(batch.episodes.episodes, mask)
+  final = np.asarray(inputs["scores"]) - np.asarray(batch.components["env"])
+  adv = _turn_advantages(rewards, exists, token_turn, final.astype(np.float32), mask,
+                         gamma=gamma, group_size=group)
+  return adv * inputs["valid"][:, None]
+
+
+def episode_metrics(batch: RolloutBatch, upd, *, with_logp_gap: bool) -> dict:
+  """Turns, tools, terminations and the per-turn sampler-trainer log-prob gap of a
+  multi-turn batch ({} for single-turn rows)."""
+  if batch.episodes is None:
+    return {}
+  metrics = dict(batch.episodes.metrics)
+  if with_logp_gap:
+    metrics.update(turn_logp_gap(batch.episodes.episodes, np.asarray(upd["sampler_logp"]),
+                                 np.asarray(upd["old_logp"]), np.asarray(upd["completion_mask"])))
+  return metrics

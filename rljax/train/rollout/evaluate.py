@@ -27,15 +27,14 @@ def evaluate(rollouts, model, prompts, rng, *, n, temperature, batch_size=256):
     acc.append(batch.accuracy)
     fmt.append(batch.format)
     lengths.append(batch.lengths)
-    if batch.episodes is not None:
-      tools.append(batch.episodes.tool_calls > 0)
+    tools.append(batch.tool_use())
     if n > 0:
       batch = rollouts.sample_and_score(model, chunk, keys[i], sampling=sampled)
       correct.append(np.asarray(batch.accuracy).reshape(-1, n))
   out = {"accuracy": float(np.mean(np.concatenate(acc))),
          "format": float(np.mean(np.concatenate(fmt))),
          "response_length_mean": float(np.mean(np.concatenate(lengths)))}
-  if tools:
+  if tools and all(t is not None for t in tools):
     out["tool_use"] = float(np.mean(np.concatenate(tools)))
   if n > 0:
     c = np.concatenate(correct).sum(axis=1)

@@ -166,5 +166,3 @@ def sft_nll(model, demo):
   return -jnp.sum(logp * mask), jnp.sum(mask)
 
 
-def stop_gradient_tree(tree):
-  return jax.tree.map(jax.lax.stop_gradient, tree)

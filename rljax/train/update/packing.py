@@ -9,14 +9,14 @@ real token sees exactly what it sees padded. The hidden state that predicts comp
 token t of sequence b is gathered back to `[B, T]`, and everything downstream (log-probs,
 losses, `aggregate`'s (sum, denominator) normalisation) runs on the usual layout: the
 loss and its normaliser are the padded ones, so the gradient is the same up to float
-summation order (the pitfall of verl #5625, per-micro-batch means weighted by sequence
+summation order (the pitfall of verl-project/verl#5625, per-micro-batch means weighted by sequence
 counts, cannot arise).
 
 Rows are packed in groups: one group per (micro-batch, data shard), so a packed row and
 the sequences it holds live on the same device. Within a group, first-fit decreasing puts
 sequences into K rows; K is rounded up to a multiple of ceil(rows per group / 8), so at
-most 8 programs are compiled per forward (Tunix packs the same way into a static
-`num_segments`; `shared/research/rollout.md` §4).
+most 8 programs are compiled per forward (google/tunix packs the same way, into a static
+number of segments).
 """
 
 from __future__ import annotations

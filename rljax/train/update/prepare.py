@@ -10,14 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.envs import STATUSES
 from rljax.ops import advantages_group, masks, mismatch, shaping
-from rljax.ops.turns import turn_advantages
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
 from rljax.train.rollout.batch import RolloutBatch
-from rljax.train.rollout.episodic import turn_inputs, turn_logp_gap
+from rljax.train.rollout.episodic import episode_metrics, turn_reward_advantages
 from rljax.train.update import batch_metrics
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
@@ -71,24 +69,6 @@ def token_weights(spec, adv, entropy, mask):
   return weights
 
 
-def episode_policy(episodes, on_truncated, b):
-  """(keep-loss [B], valid [B]) floats from the episodes' statuses and
-  `algo.on_truncated_episode` (all ones for single-turn rollouts): "mask" rows carry no
-  loss but stay in their group's baseline; "drop" rows are not in the baseline either."""
-  keep, valid = np.ones(b, np.float32), np.ones(b, np.float32)
-  if episodes is None:
-    return keep, valid
-  what_of = dict(on_truncated)
-  for code, name in enumerate(STATUSES):
-    what = what_of.get(name, "keep")
-    rows_of = np.asarray(episodes.status) == code
-    if what in ("mask", "drop"):
-      keep[rows_of] = 0.0
-    if what == "drop":
-      valid[rows_of] = 0.0
-  return keep, valid
-
-
 def pf_ppo_filter(spec, upd, key):
   """PF-PPO: the update batch resampled with replacement, P(row) ∝ w(score) (verl
   `pf_ppo`); returns (batch, fraction of distinct rows kept)."""
@@ -97,9 +77,6 @@ def pf_ppo_filter(spec, upd, key):
   index = np.asarray(advantages_group.pf_ppo_resample(jax.random.fold_in(key, 0x9F), weights))
   unique = len(np.unique(index)) / index.shape[0]
   return {k: v[index] for k, v in upd.items()}, unique
-
-
-_turn_advantages = jax.jit(turn_advantages, static_argnames=("gamma", "group_size"))
 
 
 @dataclasses.dataclass
@@ -147,13 +124,10 @@ class Preparer:
                                                                         sequences)
     adv, returns, _ = compute_advantages(self.specs.advantage, inputs, state.kl_coef)
     episodes = self.specs.rollout.episodes
-    if episodes is not None and episodes.turn_rewards:
-      mask = np.asarray(inputs["mask"])
-      rewards, exists, token_turn = turn_inputs(batch.episodes.episodes, mask)
-      final = np.asarray(inputs["scores"]) - np.asarray(batch.components["env"])
-      adv = _turn_advantages(rewards, exists, token_turn, final.astype(np.float32), mask,
-                             gamma=episodes.gamma, group_size=self.specs.rollout.n)
-      adv = jax.device_put(adv * inputs["valid"][:, None], batch_sharding(self.mesh))
+    if episodes is not None and episodes.turn_rewards:   # per-turn returns (multi-turn)
+      adv = jax.device_put(turn_reward_advantages(batch, inputs, episodes.gamma,
+                                                  self.specs.rollout.n),
+                           batch_sharding(self.mesh))
       returns = adv
     return adv, returns
 
@@ -177,7 +151,7 @@ class Preparer:
     mask = seq["mask"].astype(jnp.float32)
     old_logp, entropy, ref_logp, values = self.policy_outputs(state, sequences, sampler_logp)
     scores, moments = shape_scores(specs.shaping, batch, moments)
-    keep_loss, valid = episode_policy(batch.episodes, self._on_truncated(), len(batch.scores))
+    keep_loss, valid = batch.loss_rows(self._on_truncated())
     inputs = dict(seq, old_logp=old_logp, ref_logp=ref_logp, values=values, scores=scores,
                   valid=jnp.asarray(valid))
     if self.reward_names:
@@ -214,12 +188,7 @@ class Preparer:
     source = self.specs.sources.old_logp_source
     metrics = batch_metrics.rollout_metrics(batch, scores, upd["advantages"], mask,
                                             upd["mask"], state.kl_coef)
-    if batch.episodes is not None:   # turns, tools, terminations, per-turn logp gap
-      metrics.update(batch.episodes.metrics)
-      if source != "sampler":
-        metrics.update(turn_logp_gap(batch.episodes.episodes, np.asarray(upd["sampler_logp"]),
-                                     np.asarray(upd["old_logp"]),
-                                     np.asarray(upd["completion_mask"])))
+    metrics.update(episode_metrics(batch, upd, with_logp_gap=source != "sampler"))
     if source != "update":
       metrics.update(batch_metrics.old_policy_metrics(
           upd, with_ref=self.params.has_reference(state)))

@@ -37,6 +37,48 @@ def _apply(tx, grads, opt_state, params, enabled):
   return keep(new_params, params), keep(new_opt, opt_state)
 
 
+def accumulate_gradients(micro, params, minibatch, denom, base, num_micro):
+  """Sums `micro`'s gradients, losses and metric sums over `num_micro` micro-batches in a
+  `lax.scan`; returns (grads, loss, metric sums, per-token outputs [num_micro, b, ...] or
+  None)."""
+  grad_fn = jax.value_and_grad(micro, has_aux=True)
+
+  def body(carry, mb):
+    grads, loss, sums = carry
+    (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom, base)
+    per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS, None)
+    sums = jax.tree.map(jnp.add, sums, micro_metrics)
+    return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), per_token
+
+  micro_batches = split_micro(minibatch, num_micro)
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom, base))
+  metric_shape.pop(objective.TOKEN_OUTPUTS, None)
+  init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()),
+          jax.tree.map(jnp.zeros_like, metric_shape))
+  (grads, loss, sums), per_token = jax.lax.scan(body, init, micro_batches)
+  return grads, loss, sums, per_token
+
+
+def apply_gradients(state: TrainState, grads, loss, actor_tx, critic_tx, train_actor):
+  """The optimizer steps of actor and critic, or no change when the loss or a gradient
+  norm is not finite (counted); returns (state, gradient norms, finite)."""
+  actor_norm = optax.tree.norm(grads[0])
+  critic_norm = optax.tree.norm(grads[1]) if state.critic is not None else jnp.zeros(())
+  finite = jnp.isfinite(loss) & jnp.isfinite(actor_norm) & jnp.isfinite(critic_norm)
+  actor, actor_opt = _apply(actor_tx, grads[0], state.actor_opt, state.actor,
+                            finite & train_actor)
+  critic, critic_opt = state.critic, state.critic_opt
+  if state.critic is not None:
+    critic, critic_opt = _apply(critic_tx, grads[1], critic_opt, critic, finite)
+  new_state = state._replace(
+      step=state.step + finite.astype(jnp.int32), actor=actor, actor_opt=actor_opt,
+      critic=critic, critic_opt=critic_opt,
+      skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32),
+      nonfinite_in_row=jnp.where(finite, 0, state.nonfinite_in_row + 1))
+  return new_state, (actor_norm, critic_norm), finite
+
+
 def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro,
                       *, state_shardings=None, mesh=None):
   """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`.
@@ -59,8 +101,6 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     critic = nnx.merge(critic_graphdef, critic_params) if critic_params is not None else None
     return objective.micro_loss(spec, actor, critic, minibatch, denom)
 
-  grad_fn = jax.value_and_grad(micro, has_aux=True)
-
   out_shardings = None
   if state_shardings is not None:
     out_shardings = (state_shardings._replace(ref=None, base=None),
@@ -71,42 +111,16 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     denom = objective.denominators(spec, minibatch["mask"])
     if "ptx" in minibatch:
       denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
-    params = (state.actor, state.critic)
-    zeros = jax.tree.map(jnp.zeros_like, params)
-
-    def body(carry, mb):
-      grads, loss, sums = carry
-      (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom, base)
-      per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS, None)
-      sums = jax.tree.map(jnp.add, sums, micro_metrics)
-      return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), per_token
-
-    micro_batches = split_micro(minibatch, num_micro)
-    first = jax.tree.map(lambda x: x[0], micro_batches)
-    _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom, base))
-    metric_shape.pop(objective.TOKEN_OUTPUTS, None)
-    init = (zeros, jnp.zeros(()), jax.tree.map(jnp.zeros_like, metric_shape))
-    (grads, loss, sums), per_token = jax.lax.scan(body, init, micro_batches)
-
-    actor_norm = optax.tree.norm(grads[0])
-    critic_norm = optax.tree.norm(grads[1]) if state.critic is not None else jnp.zeros(())
-    finite = jnp.isfinite(loss) & jnp.isfinite(actor_norm) & jnp.isfinite(critic_norm)
-    actor, actor_opt = _apply(actor_tx, grads[0], state.actor_opt, state.actor,
-                              finite & train_actor)
-    critic, critic_opt = state.critic, state.critic_opt
-    if state.critic is not None:
-      critic, critic_opt = _apply(critic_tx, grads[1], critic_opt, critic, finite)
+    grads, loss, sums, per_token = accumulate_gradients(
+        micro, (state.actor, state.critic), minibatch, denom, base, num_micro)
+    new_state, (actor_norm, critic_norm), finite = apply_gradients(
+        state, grads, loss, actor_tx, critic_tx, train_actor)
     metrics = {k: v / denom["tokens"] for k, v in sums.items()}
     metrics.update(loss=loss, grad_norm=actor_norm, critic_grad_norm=critic_norm,
                    skipped=(~finite).astype(jnp.float32))
     if per_token is not None:   # [num_micro, b, T] -> [B, T], the minibatch's row order
       metrics[objective.TOKEN_OUTPUTS] = jax.tree.map(
           lambda x: x.reshape((-1,) + x.shape[2:]), per_token)
-    new_state = state._replace(
-        step=state.step + finite.astype(jnp.int32), actor=actor, actor_opt=actor_opt,
-        critic=critic, critic_opt=critic_opt,
-        skipped_updates=state.skipped_updates + (~finite).astype(jnp.int32),
-        nonfinite_in_row=jnp.where(finite, 0, state.nonfinite_in_row + 1))
     return new_state, metrics
 
   def update_step(state: TrainState, minibatch, train_actor):
