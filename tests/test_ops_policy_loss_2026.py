@@ -34,7 +34,7 @@ def _grad(fn, logp, old_logp, adv, mask=MASK, mode=None, **kw):
 
 def test_every_new_loss_is_registered_by_its_peer_name():
   for name in ("sapo", "geo_mean", "gpg", "dppo_tv", "dppo_kl", "dro", "luspo", "vespo"):
-    assert get_policy_loss(name) is POLICY_LOSSES[name]
+    assert get_policy_loss(name) is POLICY_LOSSES[name].fn
   with pytest.raises(ValueError, match="sapo"):
     get_policy_loss("sapoo")
 
