@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tolerances import assert_close_f32
 from train_micro import micro_config, read_records
 
 from rljax.envs import Step
@@ -126,7 +127,8 @@ def test_trainer_log_probs_equal_the_samplers_on_every_sampled_token(tmp_path):
   batch = {k: jnp.asarray(rows[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
   logp, _ = objective.policy_forward(model, batch, temperature=1.0)
   sampled = rows["mask"] > 0
-  np.testing.assert_allclose(np.asarray(logp)[sampled], rows["sampler_logp"][sampled], atol=5e-5)
+  # the sampler's cached decode vs the trainer's full forward: other matmul/attention sums
+  assert_close_f32(np.asarray(logp)[sampled], rows["sampler_logp"][sampled], ulps=256)
   # decoding the sampled tokens never shows observation text (mask/observation disjoint)
   for i in range(8):
     sampled_text = tok.decode(rows["tokens"][i][sampled[i]].tolist())
@@ -154,8 +156,9 @@ def test_extend_prefill_equals_a_fresh_prefill():
   for r in range(b):
     n = first[r] + extra
     full = model(jnp.asarray(seqs[r:r + 1, :n]))
-    np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(full[0, first[r]:n]), rtol=1e-5,
-                               atol=1e-5)
+    # cached extend vs full forward: other attention and matmul sums (a few hundred eps32
+    # of the largest logit, ~1e-4 here; a wrong position or mask moves logits by ~0.1)
+    assert_close_f32(logits[r], full[0, first[r]:n], ulps=256)
 
 
 def test_statuses_decide_loss_and_baseline(tmp_path):
