@@ -17,8 +17,9 @@ def _ppo_weight_ref(ratio, adv_bt, mask, *, eps_low, eps_high):
 
 
 def _clip_batch():
-  # Row 0-1: positive advantage; row 2-3: negative. Old probabilities per column; the
-  # seed's example: p_old = 0.01 tokens can barely move under ε_high = 0.2.
+  # Row 0-1: positive advantage; row 2-3: negative. Old probabilities per column; DAPO's
+  # Clip-Higher example (arXiv:2503.14476 §3.1): p_old = 0.01 tokens can barely move under
+  # ε_high = 0.2.
   p_old = np.array([[0.01, 0.01, 0.01, 0.01, 0.9],
                     [0.02, 0.02, 0.6, 0.6, 0.9],
                     [0.01, 0.01, 0.5, 0.9, 0.9],

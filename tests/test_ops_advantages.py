@@ -133,7 +133,7 @@ def test_whiten_matches_seed_formula(shift_mean):
   np.testing.assert_allclose(out, np_whiten(x, m, shift_mean), atol=1e-5)
   vals = np.asarray(out)[m > 0]
   assert abs(vals.std() - 1.0) < 1e-4
-  if not shift_mean:  # unit variance, original mean kept (seed 001's `whitened += mean`)
+  if not shift_mean:  # unit variance, original mean kept (`whitened += mean`, arXiv:1909.08593)
     np.testing.assert_allclose(vals.mean(), x[m > 0].mean(), rtol=1e-4)
 
 
@@ -146,7 +146,7 @@ def test_whiten_empty_mask_no_nan():
 
 
 def test_group_advantages_seed_003_example():
-  # seed 003: r = (+1, +1, −1), mean 1/3 → Dr.GRPO A = (2/3, 2/3, −4/3).
+  # r = (+1, +1, −1), mean 1/3 → Dr.GRPO A = r − mean = (2/3, 2/3, −4/3) (arXiv:2503.20783 §3.2).
   s = jnp.array([[1.0, 1.0, -1.0]])
   np.testing.assert_allclose(adv.group_advantages(s, scale_by_std=False),
                              [[2 / 3, 2 / 3, -4 / 3]], atol=1e-6)

@@ -52,7 +52,7 @@ def test_icepop_weights(level):
 
 
 def test_trl_sequence_mask_example():
-  # trl#4772 (PEERS 16): a per-token gap of 0.012 over 100 tokens → ratio e^1.2 ≈ 3.32 > 3.
+  # huggingface/trl#4772: a per-token gap of 0.012 over 100 tokens → ratio e^1.2 ≈ 3.32 > 3.
   lt = jnp.full((2, 100), -1.0)
   ls = lt - jnp.array([[0.012], [0.010]])
   w = mismatch.icepop_weights(lt, ls, jnp.ones((2, 100)), low=0.0, high=3.0, level="sequence")

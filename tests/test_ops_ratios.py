@@ -56,7 +56,7 @@ def test_sequence_log_ratio_matches_numpy_reference():
 
 
 def test_sequence_log_ratio_seed003_two_token_example():
-  # Seed 003 §5.3.2: token ratios 2.0 and 0.4 -> s = exp((ln 2 + ln 0.4)/2) = sqrt(0.8).
+  # GSPO Eq. 7 on two tokens with ratios 2.0 and 0.4: s = exp((ln 2 + ln 0.4)/2) = sqrt(0.8).
   logp = jnp.log(jnp.array([[2.0, 0.4]]))
   s = jnp.exp(sequence_log_ratio(logp, jnp.zeros((1, 2)), jnp.ones((1, 2))))
   np.testing.assert_allclose(s, [np.sqrt(0.8)], rtol=1e-6)

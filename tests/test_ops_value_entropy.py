@@ -17,7 +17,8 @@ RNG = np.random.default_rng(0)
 
 
 def np_value_loss(v, v_old, ret, m, c):
-  """PEERS 14 / seed 001 eq. 3: 0.5·max((v−R)², (clip(v, v_old±c)−R)²)."""
+  """Clipped value loss (arXiv:1707.06347; arXiv:2005.12729 §3) with the ½ of verl's
+  `compute_value_loss` (verl/trainer/ppo/core_algos.py): 0.5·max((v−R)², (clip(v, v_old±c)−R)²)."""
   v_clip = np.clip(v, v_old - c, v_old + c)
   l1, l2 = (v - ret) ** 2, (v_clip - ret) ** 2
   return np.where(m > 0, 0.5 * np.maximum(l1, l2), 0.0), np.where(m > 0, l2 > l1, 0.0)
@@ -120,7 +121,7 @@ def test_entropy_bonus_and_adaptive_coefficient():
   g = jax.grad(lambda h: ent.entropy_bonus(h, jnp.ones((1, 3)), coef=0.5).sum())(h)
   np.testing.assert_allclose(g, -0.5 * np.ones((1, 3)))
   c = ent.AdaptiveEntropyCoef(value=jnp.float32(0.0))
-  for h_now in (0.1, 0.1, 0.3):  # up, up, down (TRL rule, PEERS 19)
+  for h_now in (0.1, 0.1, 0.3):  # up, up, down (H vs target 0.2; Skywork-OR1, arXiv:2505.22312)
     c = c.update(h_now)
   np.testing.assert_allclose(c.value, 0.005, atol=1e-7)
   assert float(c.coefficient(0.3)) == 0.0 and float(c.coefficient(0.1)) == float(c.value)

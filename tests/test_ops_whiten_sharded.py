@@ -1,5 +1,6 @@
 """Global (cross-device) normalisation on 8 simulated devices equals the single-device result
-on the full batch (seed 001: normalise over the global batch, not per data-parallel shard)."""
+on the full batch (normalise over the global batch, not per data-parallel shard, as in
+REINFORCE++, arXiv:2501.03262)."""
 
 import jax
 import jax.numpy as jnp
