@@ -14,8 +14,17 @@ magnitude, with the factor and its reason at the call, e.g.
 
   assert_close_f32(cached, full, ulps=256)   # cached vs full forward: other matmul splits
 
-A comparison of one program with itself (determinism, resume, jit of the same function on
-the same inputs) stays exact, and hand-computed golden values keep their tight bounds.
+The factors used in tests/, generous against rounding (and in the margin with XLA's AVX2,
+AVX-512 and SSE4.2 code) and still far below what a real bug moves:
+
+  16   an elementwise formula, or a reduction over a handful of terms, vs float64 NumPy;
+  64   a recursion or reduction over tens of terms, a mean/std normalisation, a gradient;
+  256  a model forward (matmuls, attention, softmax) computed by two programs: logits,
+       log-probs, values; with max|logit| ≈ 4 that is ≈ 1e-4, a wrong position, mask or
+       weight moves logits by 1e-2 or more.
+
+A comparison of one program with itself (determinism, resume, one jitted function on the
+same inputs) stays exact, and hand-computed golden values keep their tight bounds.
 """
 
 import numpy as np
