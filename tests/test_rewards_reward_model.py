@@ -243,8 +243,9 @@ def test_scorer_matches_batched_scores_and_composes(task, data, trained):
   assert_close_f32(batch, ref, ulps=256)   # the scorer's bucketed program vs a plain forward
   assert batch[0] > batch[3]  # correct demonstration above a truncated one
   out = compose([("rm", scorer, 2.0)], timeout=None)(prompts, completions)
-  np.testing.assert_allclose(out.components["rm"], batch, rtol=1e-6)
-  np.testing.assert_allclose(out.total, 2 * batch, rtol=1e-6)
+  # compose scores the rows again in its own batches: other programs of the same forward
+  assert_close_f32(out.components["rm"], batch, ulps=256)
+  assert_close_f32(out.total, 2 * batch, ulps=256)
 
 
 def test_checkpoint_round_trip(tmp_path, task, trained):

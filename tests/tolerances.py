@@ -2,20 +2,24 @@
 
 Two float32 computations of one quantity that add in different orders (a cached vs a full
 forward, a sharded vs an unsharded reduction, another fusion, JAX vs a float64 NumPy or torch
-reference) differ by rounding. Each addition is exact to within eps32/2 relative, so a sum of
-n terms of magnitude up to M can be off by about n·eps32·M (Higham, "Accuracy and Stability
-of Numerical Algorithms", 2nd ed., §4.2): the error scales with the magnitude of the values,
-not with an absolute constant. The summation order also changes with the CPU: XLA vectorises
-reductions to the machine's SIMD width, so one program gives different roundings with
-AVX-512 and with AVX2 (`XLA_FLAGS=--xla_cpu_max_isa=AVX2` reproduces the latter).
+reference) differ by rounding. Each operation is correctly rounded to within eps32/2, so a
+sum of n terms of magnitude up to M can be off by up to about n·eps32·M (Higham, "Accuracy
+and Stability of Numerical Algorithms", 2nd ed., §4.2): the error scales with the magnitude
+of the values, not with an absolute constant. The summation order also changes with the
+CPU: XLA vectorises reductions to the machine's SIMD width, so one program rounds
+differently with AVX-512 and with AVX2 (`XLA_FLAGS=--xla_cpu_max_isa=AVX2` shows it).
 
 So a comparison of two different programs states its bound in units of eps32 × the values'
 magnitude, with the factor and its reason at the call, e.g.
 
   assert_close_f32(cached, full, ulps=256)   # cached vs full forward: other matmul splits
 
-The factors used in tests/, generous against rounding (and in the margin with XLA's AVX2,
-AVX-512 and SSE4.2 code) and still far below what a real bug moves:
+A mean that can cancel to ~0 (a loss over signed advantages, a mean log-prob gap) keeps the
+rounding of its terms: its scale is the largest term (`scale=`, or 1 for normalised
+advantages), never the mean itself.
+
+The factors used in tests/ (on this suite no comparison used more than a tenth of its bound
+with XLA's AVX-512, AVX2 or SSE4.2 code), still far below what a real bug moves:
 
   16   an elementwise formula, or a reduction over a handful of terms, vs float64 NumPy;
   64   a recursion or reduction over tens of terms, a mean/std normalisation, a gradient;
