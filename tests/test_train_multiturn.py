@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tolerances import assert_close_f32
+from tolerances import assert_close_f32, f32_atol
 from train_micro import micro_config, read_records
 
 from rljax.envs import Step
@@ -156,8 +156,8 @@ def test_extend_prefill_equals_a_fresh_prefill():
   for r in range(b):
     n = first[r] + extra
     full = model(jnp.asarray(seqs[r:r + 1, :n]))
-    # cached extend vs full forward: other attention and matmul sums (a few hundred eps32
-    # of the largest logit, ~1e-4 here; a wrong position or mask moves logits by ~0.1)
+    # cached extend vs full forward: other attention and matmul sums (256 eps32 of the
+    # largest logit, ~2e-4 here; extending one position late moves these logits by 1 to 4)
     assert_close_f32(logits[r], full[0, first[r]:n], ulps=256)
 
 
@@ -192,7 +192,9 @@ def test_calculator_trains_resumes_exactly_and_matches_on_eight_devices(tmp_path
   assert one[0]["update/grad_norm"] > 0
   for a, b in zip(one, eight):
     assert a["train/raw_score"] == b["train/raw_score"]
-    np.testing.assert_allclose(b["update/loss"], a["update/loss"], rtol=5e-5, atol=1e-7)
+    # 1 vs 8 devices: other reduction orders; a loss near 0 keeps its O(1) terms' rounding
+    np.testing.assert_allclose(b["update/loss"], a["update/loss"], rtol=5e-5,
+                               atol=f32_atol(1.0, ulps=64))
   split = micro_config("calculator", tmp_path / "split", **CALC)
   train(split, stop_after=1)
   train(split)
