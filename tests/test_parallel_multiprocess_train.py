@@ -162,3 +162,20 @@ def test_two_processes_with_num_devices_take_half_of_each(tmp_path, monkeypatch)
   results = _wait(procs, tmp_path)
   same = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # noqa: E731
   assert same(results[0]) == same(results[1]) == same(single_result)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_with_the_sampler_on_its_own_devices(tmp_path, monkeypatch):
+  """2 processes x 4 devices, 2 of each process's devices sampling and 2 training
+  (`parallel.sampler_devices=4`, weights resharded to the sampler through host memory after
+  every update): the run finishes in both processes as one process with 8 devices does."""
+  monkeypatch.setattr(tasks.Task, "score", varied_score)
+  split = {"parallel.sampler_devices": 4}
+  monkeypatch.setattr(sys.modules[__name__], "MICRO", dict(MICRO, **split))
+  procs = _launch("grpo", tmp_path / "multi" / "grpo", tmp_path)
+  single_result = train(micro_config("grpo", tmp_path / "single", **split))
+  results = _wait(procs, tmp_path)
+  same = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # noqa: E731
+  assert same(results[0]) == same(results[1]) == same(single_result)
+  records = read_records(tmp_path / "multi" / "grpo")
+  assert all(r["sync/bytes"] > 0 for r in records)

@@ -53,9 +53,15 @@ def _wait_for_checkpoint(run_dir, step, proc, timeout=240):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "batches_in_flight"])
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness):
+  """Killed after checkpoint 2 and resumed: the same records and parameters as a run that
+  was never interrupted; with sampling.max_staleness = 1 the batch sampled ahead of the
+  checkpoint is written beside it and consumed after the resume."""
   overrides = dict(MICRO, **{"run.iterations": 5, "run.save_every": 1,
-                             "task.prompt_sampler": "prioritized", "algo.reward_norm": True})
+                             "task.prompt_sampler": "prioritized", "algo.reward_norm": True,
+                             "sampling.max_staleness": staleness,
+                             "task.reward_fns": ["tests/signal_rewards.py:digit_share"]})
   reference = micro_config("grpo", tmp_path / "ref", **overrides)
   train(reference)
 
@@ -75,6 +81,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
   resumed = micro_config("grpo", tmp_path / "killed", **overrides)
   result = train(resumed)
   assert result["iterations"] == 5
+  if staleness:
+    assert sorted(int(p.stem) for p in (run_dir / "inflight").glob("*.npz"))
   assert _records(run_dir) == _records(tmp_path / "ref" / "grpo")
   a, b = _final_params(run_dir, 5), _final_params(tmp_path / "ref" / "grpo", 5)
   jax.tree.map(np.testing.assert_array_equal, a, b)

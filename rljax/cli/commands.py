@@ -19,7 +19,7 @@ from rljax.envs import load_env_factory
 from rljax.rewards.user import user_reward_terms
 from rljax.train.ablate.runner import plan as ablation_plan
 from rljax.train.ablate.runner import run_ablation
-from rljax.train.config import ConfigError, load_config, validate
+from rljax.train.config import ConfigError, import_experiment, load_config, validate
 from rljax.train.run.components import build_task
 from rljax.train.run.evaluate_run import evaluate_run, saved_config
 from rljax.train.run.loop import train
@@ -157,6 +157,8 @@ def _ablate_args(argv):
     raise UsageError(f"experiment file not found: {args.experiment}")
   sets = typed_overrides(dict(split_set(item) for item in args.set))
   steps = [s.strip() for s in args.steps.split(",") if s.strip()] or None
+  if steps is None and not getattr(import_experiment(args.experiment), "ABLATION_STEPS", None):
+    raise UsageError(f"{args.experiment} defines no ABLATION_STEPS tuple (or pass --steps)")
   return args, dict(out_dir=args.out, seeds=parse_seeds(args.seeds), steps=steps,
                     overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()])
 

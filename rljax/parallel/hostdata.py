@@ -75,3 +75,17 @@ def any_process(flag: bool) -> bool:
 def is_primary() -> bool:
   """Process 0: the one that writes files (metrics, plots, results) and prints progress."""
   return jax.process_index() == 0
+
+
+def move(tree, shardings):
+  """`jax.device_put(tree, shardings)`, also between disjoint device sets that span
+  processes (a sampler's and a trainer's devices): multi-controller JAX reshards across
+  hosts only within one device set, so such arrays go through host memory (a collective:
+  every process calls this with the same tree)."""
+  def needs_host(x, sharding):
+    return (isinstance(x, jax.Array) and not x.is_fully_addressable
+            and x.sharding.device_set != sharding.device_set)
+  shardings = (jax.tree.map(lambda _: shardings, tree)
+               if isinstance(shardings, jax.sharding.Sharding) else shardings)
+  staged = jax.tree.map(lambda x, s: gather(x) if needs_host(x, s) else x, tree, shardings)
+  return jax.device_put(staged, shardings)

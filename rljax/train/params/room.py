@@ -75,7 +75,7 @@ class Params:
     t0 = time.perf_counter()
     params = policy_params(state)
     moved = jax.block_until_ready(
-        jax.device_put(params, parallel.state_shardings(params, self.sampler_mesh)))
+        parallel.move(params, parallel.state_shardings(params, self.sampler_mesh)))
     size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(moved))
     return nnx.merge(self.actor_graphdef, moved), {"sync/seconds": time.perf_counter() - t0,
                                                     "sync/bytes": float(size)}

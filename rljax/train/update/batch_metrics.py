@@ -29,7 +29,7 @@ def rollout_metrics(batch: RolloutBatch, scores, adv, mask, loss_mask, kl_coef) 
       **{f"reward/{k}": _nanmean_or_nan(v) for k, v in batch.components.items()},
       "train/response_length_mean": float(np.mean(batch.lengths)),
       "train/response_length_max": float(np.max(batch.lengths)),
-      "train/truncated_frac": float(np.mean(np.asarray(batch.truncated))),
+      "train/truncated_frac": float(np.mean(parallel.gather(batch.truncated))),
       **length_metrics(batch, loss_mask),
       **worked_metrics(batch),
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),

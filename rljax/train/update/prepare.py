@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rljax import parallel
 from rljax.ops import advantages_group, masks, mismatch, shaping
 from rljax.ops.off_policy import staleness_metrics
 from rljax.parallel import batch_sharding
@@ -163,8 +164,8 @@ class Preparer:
     rows = batch_sharding(self.mesh)
     # The rollout's arrays on the trainer's rows: global arrays already there stay; host rows
     # (dynamic sampling) and the sampler's own devices' rows are placed here.
-    batch = dataclasses.replace(batch, **{k: jax.device_put(getattr(batch, k), rows)
-                                          for k in SEQUENCE_FIELDS})
+    batch = dataclasses.replace(batch, **parallel.move(
+        {k: getattr(batch, k) for k in SEQUENCE_FIELDS}, rows))
     seq = {k: getattr(batch, k) for k in SEQUENCE_KEYS}
     # completion extent (multi-turn: sampled and observation tokens) for the packing layout
     lengths = {"prompt_lengths": np.asarray(batch.prompt_lengths),
