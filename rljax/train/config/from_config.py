@@ -12,10 +12,16 @@ import json
 
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS, estimator_kwargs
 from rljax.ops.policy_loss import policy_loss_spec
-from rljax.train.config.defaults import completion_columns
+from rljax.train.config.defaults import (
+    completion_columns,
+    distill_teacher_dir,
+    resolved_eval_sets,
+)
 from rljax.train.config.specs import (
     AdvantageSpec,
+    DistillSpec,
     EpisodeSpec,
+    EvalSetSpec,
     LossSpec,
     PolicySourcesSpec,
     RejectionSFTSpec,
@@ -51,6 +57,7 @@ def episode_spec(config) -> EpisodeSpec | None:
 
 def rollout_spec(config) -> RolloutSpec:
   s, a = config.sampling, config.algo
+  heldout = resolved_eval_sets(config)["heldout"]
   return RolloutSpec(
       prompts_per_iteration=int(s.prompts_per_iteration), n=int(s.n),
       max_new_tokens=completion_columns(config), temperature=float(s.temperature),
@@ -58,8 +65,9 @@ def rollout_spec(config) -> RolloutSpec:
       continuous=bool(s.continuous), slots=int(s.slots), share_prefill=bool(s.share_prefill),
       dynamic_sampling=bool(a.dynamic_sampling),
       max_rounds=int(a.dynamic_sampling_max_rounds) if a.dynamic_sampling else 1,
-      greedy_baseline=a.advantage == "remax", eval_n=int(s.eval_n),
-      eval_temperature=float(s.eval_temperature), episodes=episode_spec(config))
+      greedy_baseline=a.advantage == "remax", eval_n=int(heldout["k"]),
+      eval_temperature=float(heldout["temperature"]), episodes=episode_spec(config),
+      eval_size=int(heldout["size"]))
 
 
 def shaping_spec(config) -> ShapingSpec:
@@ -101,7 +109,8 @@ def schedule_spec(config) -> ScheduleSpec:
   if a.rsft_every:
     rsft = RejectionSFTSpec(every=int(a.rsft_every), k=int(a.rsft_k),
                             prompts=int(a.rsft_prompts), steps=int(a.rsft_steps),
-                            lr=float(a.rsft_lr), min_score=a.rsft_min_score)
+                            lr=float(a.rsft_lr), min_score=a.rsft_min_score,
+                            from_teacher=bool(a.rsft_from_teacher))
   return ScheduleSpec(epochs=int(a.epochs), minibatches=int(a.minibatches),
                       microbatches=int(a.microbatches),
                       critic_warmup_iterations=int(a.critic_warmup_iterations),
@@ -130,6 +139,25 @@ def advantage_spec(config) -> AdvantageSpec:
       whiten=bool(a.whiten_advantages), kl_in_reward=a.kl_placement == "reward",
       kl_estimator=a.kl_estimator, eps=float(a.adv_eps),
       gdpo_whiten_over=a.gdpo_whiten_over)
+
+
+def distill_spec(config) -> DistillSpec | None:
+  """On-policy distillation's spec; None without a teacher."""
+  a = config.algo
+  if not a.distill_teacher:
+    return None
+  return DistillSpec(teacher=distill_teacher_dir(config), recipe=str(a.distill_teacher_recipe),
+                     seed=int(config.run.seed), coef=float(a.distill_coef),
+                     mode=str(a.distill_mode), only=bool(a.distill_only),
+                     teacher_dtype=str(a.distill_teacher_dtype))
+
+
+def eval_set_specs(config) -> tuple[EvalSetSpec, ...]:
+  """The named evaluation sets besides `heldout`, in the config's order."""
+  return tuple(EvalSetSpec(name=name, source=str(f["source"]), size=int(f["size"]),
+                           greedy=bool(f["greedy"]), temperature=float(f["temperature"]),
+                           k=int(f["k"]))
+               for name, f in resolved_eval_sets(config).items() if name != "heldout")
 
 
 def sft_cache_key(config, model_description: str) -> str:
@@ -162,4 +190,5 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
                shaping=shaping_spec(config), sources=sources_spec(config),
                weights=weights_spec(config), schedule=schedule_spec(config),
                loss=loss_spec(config, pack_groups), advantage=advantage_spec(config),
-               sft=sft_spec(config, model_description))
+               sft=sft_spec(config, model_description), distill=distill_spec(config),
+               eval_sets=eval_set_specs(config))

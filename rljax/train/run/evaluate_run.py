@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
 
-from rljax.train.config import ConfigDict, base_config
+from rljax.train.config import saved_config
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import evaluate
 from rljax.train.run.build import build
 
-
-def saved_config(run_dir) -> ConfigDict:
-  """The run's `config.json` over the base config (fields added since it was written keep
-  their defaults; fields removed since are ignored)."""
-  config = base_config()
-  saved = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
-  for group, fields in saved.items():
-    if group in config and isinstance(fields, dict):
-      for name, value in fields.items():
-        if name in config[group]:
-          config[group][name] = value
-  return config
+__all__ = ["evaluate_run", "saved_config"]
 
 
 def evaluate_run(run_dir, *, config=None) -> dict:
