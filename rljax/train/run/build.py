@@ -62,7 +62,7 @@ def _mesh(config):
   return parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)
 
 
-def _params(config, actor, critic, mesh, specs: Specs) -> Params:
+def _params(config, actor, critic, mesh, specs: Specs, teacher=None) -> Params:
   parallel.shard_model(actor, mesh)
   if critic is not None:
     parallel.shard_model(critic, mesh)
@@ -74,7 +74,7 @@ def _params(config, actor, critic, mesh, specs: Specs) -> Params:
       actor_tx=components.optimizer(config, config.optim.actor_lr),
       critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
       sources=specs.sources, seed=specs.run.seed, lora=bool(config.model.lora_rank),
-      critic_from_policy=not config.algo.critic_init_path)
+      critic_from_policy=not config.algo.critic_init_path, teacher=teacher)
 
 
 def _ood(config, rollouts):
@@ -126,9 +126,10 @@ def build(config) -> Run:
   prompts = task.train_prompts()
   sampler_options = ({"ramp_steps": config.task.curriculum_steps}
                      if config.task.prompt_sampler == "curriculum" else {})
+  teacher = components.build_teacher(config, tokenizer, model_cfg.vocab_size, mesh)
   return Run(
       specs=specs, task=task, tokenizer=tokenizer, model_cfg=model_cfg,
-      params=_params(config, actor, critic, mesh, specs), rollouts=rollouts,
+      params=_params(config, actor, critic, mesh, specs, teacher), rollouts=rollouts,
       ood=_ood(config, rollouts),
       prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
                                   **sampler_options),
