@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from train_micro import built, micro_config, read_records
 
+from rljax.models import save_hf
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import ConfigError
 from rljax.train.config.from_config import distill_spec
@@ -96,6 +97,40 @@ def test_micro_run_with_a_teacher_trains_and_logs_the_metrics(tmp_path):
   for r in records:
     assert np.isfinite(r["distill/reverse_kl"]) and r["distill/teacher_logp"] < 0
     assert np.isfinite(r["update/loss"]) and r["update/skipped"] == 0
+
+
+def _same_logits(teacher, model, run):
+  """The teacher module and `model` give the same logits on a few prompt tokens."""
+  tokens = jax.numpy.asarray(run.tokenizer.encode("1+2=3"))[None]
+  positions = jax.numpy.arange(tokens.shape[1])[None]
+  attention = jax.numpy.ones_like(tokens)
+  got = teacher.model()(tokens, positions=positions, attention_mask=attention)
+  want = model(tokens, positions=positions, attention_mask=attention)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_a_lora_run_and_a_hugging_face_directory_are_teachers(tmp_path):
+  """A LoRA run's teacher is its base (lora_base/) with its adapters (the checkpoint); a
+  local Hugging Face directory (no tokenizer files: same model vocabulary) loads as is."""
+  config = micro_config("grpo", tmp_path, **{"run.dir": str(tmp_path / "lora"),
+                                             "model.lora_rank": 4})
+  run, state, _ = built(config)
+  state = state._replace(actor=jax.tree.map(lambda x: x + 0.01, state.actor))  # adapters != 0
+  ckpt = Checkpointer(config.run.dir, keep=1)
+  try:
+    run.params.save_frozen(ckpt, state)
+    run.params.save(ckpt, 1, state, {})
+  finally:
+    ckpt.close()
+  (tmp_path / "lora" / "config.json").write_text(run.config_json)
+  student = micro_config("grpo", tmp_path, **{"algo.distill_teacher": str(tmp_path / "lora")})
+  teacher = build(student).params.teacher
+  _same_logits(teacher, run.params.model(state), run)
+
+  plain, plain_state, _ = built(micro_config("grpo", tmp_path / "plain"))
+  save_hf(plain.params.model(plain_state), plain.model_cfg, str(tmp_path / "hf"))
+  student = micro_config("grpo", tmp_path, **{"algo.distill_teacher": str(tmp_path / "hf")})
+  _same_logits(build(student).params.teacher, plain.params.model(plain_state), plain)
 
 
 def test_a_teacher_with_another_tokenizer_is_refused(tmp_path):

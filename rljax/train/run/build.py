@@ -22,6 +22,7 @@ from rljax.train.config.from_config import build_specs
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params
 from rljax.train.rollout import RolloutContext, make_rollouts
+from rljax.train.rollout.eval_sets import EvalSet, eval_context
 from rljax.train.run import components
 from rljax.train.update.advantages import gdpo_terms
 
@@ -37,6 +38,7 @@ class Run:
     prompt_sampler: uniform | curriculum | prioritized (`rljax.data.samplers`).
     prompt_index: prompt id -> index into `task.train_prompts()`.
     config_json: the resolved config, written to the run directory.
+    eval_sets: the named evaluation sets of `eval.sets` besides `heldout` (`EvalSet`s).
   """
 
   specs: Specs
@@ -50,6 +52,7 @@ class Run:
   prompt_index: dict
   mesh: object
   config_json: str
+  eval_sets: tuple = ()
 
   @property
   def ctx(self) -> RolloutContext:
@@ -95,6 +98,22 @@ def _ood(config, rollouts):
   return rollouts.with_context(ctx), task.heldout_prompts()
 
 
+def _eval_sets(config, specs: Specs, rollouts, max_positions) -> tuple:
+  """The named evaluation sets (`eval.sets`): each source's prompts, scored by its own
+  verifier, with prompt columns and a budget that fit it (at least the run's budget)."""
+  sets = []
+  for spec in specs.eval_sets:
+    task, prompts, budget = components.eval_set_task(config, spec, rollouts.ctx.task)
+    set_rollouts = rollouts
+    if task is not rollouts.ctx.task:
+      ctx = eval_context(rollouts.ctx, task, prompts, components.verifier_reward(task, config),
+                         budget=max(specs.rollout.max_new_tokens, budget),
+                         max_positions=max_positions)
+      set_rollouts = rollouts.with_context(ctx)
+    sets.append(EvalSet(spec=spec, rollouts=set_rollouts, prompts=tuple(prompts)))
+  return tuple(sets)
+
+
 def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
   s = specs.rollout
   sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
@@ -134,5 +153,6 @@ def build(config) -> Run:
       prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
                                   **sampler_options),
       prompt_index={p.id: i for i, p in enumerate(prompts)}, mesh=mesh,
-      config_json=config.to_json_best_effort(indent=2, sort_keys=True))
+      config_json=config.to_json_best_effort(indent=2, sort_keys=True),
+      eval_sets=_eval_sets(config, specs, rollouts, model_cfg.max_position_embeddings))
 

@@ -39,9 +39,7 @@ def build_task(config):
   if t.name in ("jsonl", "hf_dataset", "tfds"):
     fields = dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
                   solution_field=t.solution_field)
-    options = dict(fields, answer_extractor=t.answer_extractor, answer_regex=t.answer_regex,
-                   prompt_template=t.prompt_template, n_heldout=t.heldout_size,
-                   format_weight=t.format_weight)
+    options = dict(_record_options(t), n_heldout=t.heldout_size)
     if t.name == "jsonl":
       return JsonlTask(t.jsonl_path, **options)
     if t.name == "hf_dataset":
@@ -58,6 +56,42 @@ def build_task(config):
              if t.name == "calculator" else {})
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
                    format_weight=t.format_weight, **options)
+
+
+def _record_options(t) -> dict:
+  """RecordsTask options of the `task` group (fields, answer extraction, template)."""
+  return dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
+              solution_field=t.solution_field, answer_extractor=t.answer_extractor,
+              answer_regex=t.answer_regex, prompt_template=t.prompt_template,
+              format_weight=t.format_weight)
+
+
+def eval_set_task(config, spec, run_task):
+  """(task, prompts, completion budget or 0) of a named evaluation set's source: the run's
+  held-out split, a JSONL file (all its rows, fields as `task.*`), or the held-out prompts
+  of a synthetic task at a level (seeded by `task.seed`; its budget fits its worked
+  solutions, as the `task.ood_difficulty` split's does)."""
+  t = config.task
+  if spec.source == "heldout":
+    return run_task, run_task.heldout_prompts()[:spec.size or None], 0
+  if spec.source.endswith(".jsonl"):
+    task = JsonlTask(spec.source, **_record_options(t))
+    return task, (task.train_prompts() + task.heldout_prompts())[:spec.size or None], 0
+  name, _, level = spec.source.partition(":")
+  difficulty = int(level) if level else (t.difficulty, t.difficulty_max or t.difficulty)
+  options = {"digits": t.digits} if name in ("arithmetic", "calculator") else {}
+  task = make_task(name, difficulty=difficulty, seed=t.seed, n_heldout=spec.size or t.heldout_size,
+                   format_weight=t.format_weight, **options)
+  return task, task.heldout_prompts(), task.max_completion_len + 1
+
+
+def verifier_reward(task, config):
+  """A task's own verifier as a reward (accuracy + weighted format), for evaluation sets."""
+  t = config.task
+  score = functools.lru_cache(maxsize=4096)(task.score)
+  return compose([("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0),
+                  ("format", lambda p, c: score(p, c)["format"], t.format_weight)],
+                 on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
 
 
 def task_rewards(task, config, tokenizer, max_tokens):

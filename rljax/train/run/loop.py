@@ -14,6 +14,7 @@ from rljax.train.config import validate
 from rljax.train.config.from_config import distill_spec
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import evaluate
+from rljax.train.rollout.eval_sets import evaluate_sets
 from rljax.train.run import metrics as run_metrics
 from rljax.train.run.build import Run, build
 from rljax.train.run.iteration import rl_iteration, save_analysis_batch
@@ -24,14 +25,16 @@ from rljax.train.run.trainer import make_trainer, warm_start_fn
 
 
 def evaluate_heldout(run: Run, model, key, *, with_ood=False) -> dict:
-  """Held-out metrics; with `with_ood` also the `task.ood_difficulty` split as `ood_*`."""
+  """Held-out metrics; with `with_ood` also the `task.ood_difficulty` split as `ood_*`; the
+  named sets of `eval.sets` as `<name>/<metric>`."""
   s = run.specs.rollout
-  out = evaluate(run.rollouts, model, run.task.heldout_prompts(), key, n=s.eval_n,
-                 temperature=s.eval_temperature)
+  out = evaluate(run.rollouts, model, run.task.heldout_prompts()[:s.eval_size or None], key,
+                 n=s.eval_n, temperature=s.eval_temperature)
   if with_ood and run.ood is not None:
     rollouts, prompts = run.ood
     ood = evaluate(rollouts, model, prompts, key, n=s.eval_n, temperature=s.eval_temperature)
     out.update({f"ood_{k}": v for k, v in ood.items()})
+  out.update(evaluate_sets(run.eval_sets, model, key))   # eval.sets
   return out
 
 
