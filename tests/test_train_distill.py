@@ -16,6 +16,7 @@ from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import collect
 from rljax.train.run.build import build
 from rljax.train.run.iteration import draw_prompts_fn, rl_iteration
+from rljax.train.run.rejection_sft import RejectionSFT, phase_key, phase_prompts
 from rljax.train.run.teacher_recipe import train_teacher_if_absent
 
 # a teacher wider and deeper than the micro student (32 wide, 1 layer)
@@ -170,3 +171,25 @@ def test_recipe_trains_the_teacher_once_per_seed(tmp_path):
   (tmp_path / "teacher" / "seed3" / "result.json").write_text("{}")
   train_teacher_if_absent(spec, lambda c: calls.append(c))
   assert len(calls) == 1
+
+
+def test_sft_on_teacher_samples_from_the_teacher(tmp_path):
+  """experiments/distill.py:sft_on_teacher: the RS-FT phase's rows are the teacher's samples
+  (the same tokens as sampling the teacher with the phase's prompts and key), all kept."""
+  teacher_dir, _ = teacher_run(tmp_path, "wide", **WIDER)
+  config = micro_config("distill:sft_on_teacher", tmp_path, **{
+      "algo.distill_teacher": teacher_dir, "algo.distill_teacher_recipe": "",
+      "algo.rsft_prompts": 8, "algo.rsft_steps": 1})
+  run, state, _ = built(config)
+  spec = run.specs.schedule.rsft
+  assert spec.from_teacher and spec.k == 1
+  rsft = RejectionSFT(spec, rollouts=run.rollouts, task=run.task,
+                      graphdef=run.params.actor_graphdef, mesh=run.mesh, seed=0,
+                      teacher=run.params.teacher)
+  result = rsft.phase(state, 0, run.params.model(state))
+  prompts = phase_prompts(run.task, spec.prompts, 0, 0)
+  teacher_rows = run.rollouts.sample_and_score(run.params.teacher.model(), prompts,
+                                               phase_key(state, 0), sampling=rsft.sampling)
+  np.testing.assert_array_equal(np.asarray(result.rows["tokens"]),
+                                np.asarray(teacher_rows.tokens))
+  assert result.metrics["rsft/kept_frac"] == 1.0 and result.metrics["rsft/steps"] == 1
