@@ -11,6 +11,7 @@ rljax run's policy parameters, and the tokenizer comparison.
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 
 import jax
@@ -39,9 +40,14 @@ class Teacher:
 
 
 def is_run_dir(path) -> bool:
-  """True for an rljax run directory: its `config.json` and a `checkpoints/` directory."""
-  path = pathlib.Path(path)
-  return (path / "config.json").is_file() and (path / "checkpoints").is_dir()
+  """True for an rljax run directory: its `config.json` holds rljax's groups (`run`,
+  `algo`, ...), where a Hugging Face checkpoint's holds the architecture's fields."""
+  config = pathlib.Path(path) / "config.json"
+  try:
+    saved = json.loads(config.read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(saved, dict) and {"run", "model", "algo"} <= set(saved)
 
 
 def _restore(directory, abstract, key=None):
@@ -61,7 +67,8 @@ def latest_step(run_dir) -> int | None:
   """The newest finished step under `<run_dir>/checkpoints` (orbax names a step's directory
   by its number once it is complete), or None."""
   directory = pathlib.Path(run_dir) / "checkpoints"
-  steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit() and (p / "state").is_dir()]
+  steps = [int(p.name) for p in (directory.iterdir() if directory.is_dir() else ())
+           if p.name.isdigit() and (p / "state").is_dir()]
   return max(steps) if steps else None
 
 
