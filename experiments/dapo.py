@@ -12,7 +12,7 @@ Each trick gets the condition it exists for on the base regime: 8 updates per ro
 (truncation, the overlong buffer), lengths from 5 to 36 tokens (token- vs sequence-level
 aggregation differ), and groups of 8 that saturate as accuracy rises (dynamic sampling).
 
-    rljax ablate experiments/dapo.py --seeds 0,1,2
+    rljax ablate experiments/dapo.py --seeds 0-5
     rljax train --config experiments/dapo.py:clip_higher
 """
 
@@ -20,6 +20,12 @@ from rljax.train.config import base_config
 
 ABLATION_STEPS = ("naive_grpo", "overlong_filtering", "clip_higher", "soft_overlong",
                   "token_level_loss", "dynamic_sampling")
+# The metric each step's trick acts on (the paper's Figs. 2-5): the report gives its paired
+# change beside the verdicts.
+MECHANISMS = {"overlong_filtering": "train/truncated_loss_tokens",
+              "clip_higher": "update/clip_high", "soft_overlong": "train/truncated_frac",
+              "token_level_loss": "train/length_incorrect",
+              "dynamic_sampling": "train/effective_batch"}
 
 
 def get_config(arg=None):

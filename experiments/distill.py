@@ -30,6 +30,9 @@ evaluated on 6-term chains (the task trains 2-5 terms) as the named set `six_ter
 from rljax.train.config import base_config, eval_set
 
 ABLATION_STEPS = ("grpo", "distill", "sft_on_teacher")
+# what the distillation steps act on: the student's reverse KL to the teacher on its own
+# samples (lower is better); the six_terms set is scored too (`heldout_six_terms/*`)
+MECHANISMS = {"distill": "distill/reverse_kl", "sft_on_teacher": "distill/reverse_kl"}
 
 
 def get_config(arg=None):

@@ -14,12 +14,15 @@ arm, its 16 x 8 samples per iteration):
 Every step is also scored on an out-of-distribution split, 6-term chains (the task trains
 2-5 terms), with a budget that fits their worked solutions.
 
-    rljax ablate experiments/rl_vs_sft.py --seeds 0,1,2
+    rljax ablate experiments/rl_vs_sft.py --seeds 0-5
 """
 
 from rljax.train.config import base_config
 
 ABLATION_STEPS = ("rl", "continued_sft", "rejection_sft")
+# the out-of-distribution split is scored too (`heldout_ood_*` in each run's result.json)
+MECHANISMS = {"continued_sft": "train/response_length_mean",
+              "rejection_sft": "train/response_length_mean"}
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ def _synthetic_set(seed=0, n=300, k=16):
     truth = int(rng.integers(10, 1000))
     kind = rng.choice(["easy", "hard", "systematic", "mislabeled"], p=[0.45, 0.35, 0.05, 0.15])
     label = truth
-    if kind == "mislabeled":  # close and plausible, like 4.5 for 4 (seed 000)
+    if kind == "mislabeled":  # close and plausible, like 4.5 for 4
       label = truth + int(rng.choice([-1, 1])) if rng.random() < 0.5 else truth * 10
       planted.add(f"p{i}")
     p_true = {"easy": rng.uniform(0.6, 0.95), "hard": rng.uniform(0.0, 0.3),
@@ -51,7 +51,7 @@ def test_planted_mislabeled_precision_and_recall():
 
 
 def test_hard_vs_wrong_golden():
-  # Model agrees on 4 (12/16), label 4.5: the seed's ticket example -> likely mislabeled.
+  # Model agrees on 4 (12/16), label 4.5 (a ticket count): likely mislabeled.
   wrong = audit_prompt("tickets", "4.5", ["4"] * 12 + ["4.5"] + ["5", "3", "6"])
   assert wrong.verdict == "likely_mislabeled" and wrong.majority_answer == "4"
   assert abs(wrong.suspicion - 0.75 * (1 - 1 / 16)) < 1e-12

@@ -10,6 +10,7 @@ import torch
 import transformers
 from flax import nnx
 from safetensors.numpy import load_file, save_file
+from tolerances import assert_close_f32, f32_atol
 
 from rljax.models import Decoder, ModelConfig, load_hf, save_hf
 from rljax.models.hf import tensor_specs
@@ -86,9 +87,10 @@ def test_import_parity(case, tmp_path):
   model, cfg = load_hf(str(tmp_path))
   assert cfg.tie_embeddings == hf_model.config.tie_word_embeddings
   tokens, positions, mask = _batch()
-  err = _max_err(_rl_logits(model, tokens, positions, mask),
-                 _hf_logits(hf_model, tokens, positions, mask), mask)
-  assert err < 1e-4, err
+  want = _hf_logits(hf_model, tokens, positions, mask)
+  err = _max_err(_rl_logits(model, tokens, positions, mask), want, mask)
+  # JAX vs torch: other matmul/attention/softmax sums, a few hundred eps32 of the logits
+  assert err < f32_atol(want[mask > 0], ulps=256), err
 
 
 def test_llama3_rope_scaling_changes_logits_and_matches(tmp_path):
@@ -114,7 +116,7 @@ def test_sharded_checkpoint_loads(tmp_path):
   tokens, positions, mask = _batch(1)
   want = _hf_logits(hf_model, tokens, positions, mask)
   err = _max_err(_rl_logits(model, tokens, positions, mask), want, mask)
-  assert err < 1e-4, err
+  assert err < f32_atol(want[mask > 0], ulps=256), err   # JAX vs torch, as above
   # dtype= sets the compute dtype; parameters stay float32 unless param_dtype is given
   model16, cfg16 = load_hf(str(tmp_path), dtype="bfloat16")
   assert cfg16.dtype == "bfloat16" and model16.embed[...].dtype == jnp.float32
@@ -151,7 +153,7 @@ def test_export_round_trip(case, tmp_path):
   tokens, positions, mask = _batch(2)
   ours = _rl_logits(model, tokens, positions, mask)
   err = _max_err(ours, _hf_logits(hf_model, tokens, positions, mask), mask)
-  assert err < 1e-4, err
+  assert err < f32_atol(ours[mask > 0], ulps=256), err   # JAX vs torch, as above
   # and back into rljax: parameters bit-identical (also for bf16 storage)
   again, cfg2 = load_hf(str(tmp_path), param_dtype=cfg.param_dtype)
   for spec in tensor_specs(cfg):
@@ -203,16 +205,16 @@ def test_reward_model_import_parity_and_export(tmp_path):
   args = [jnp.asarray(x, jnp.int32) for x in (tokens, positions, mask)]
   score = nnx.jit(lambda m, t, p, a: m.score(t, p, a, last_token_index(a)))
   got = np.asarray(score(rm, *args))
-  assert np.max(np.abs(got - want)) < 1e-4
+  assert_close_f32(got, want, ulps=256)   # JAX vs torch: other sums in the trunk and head
   save_hf_reward(rm, cfg, str(tmp_path / "out"))
   hf_again = transformers.AutoModelForSequenceClassification.from_pretrained(
       str(tmp_path / "out"), dtype=torch.float32).eval()
   with torch.no_grad():
     again = hf_again(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
                      position_ids=torch.tensor(positions)).logits[:, 0].numpy()
-  assert np.max(np.abs(again - want)) < 1e-4
+  assert_close_f32(again, want, ulps=256)
   # critic initialised from the imported reward model: values at EOS == rewards
   critic = ValueModel.from_reward_model(rm)
   values = nnx.jit(lambda m, t, p, a: m(t, positions=p, attention_mask=a))(critic, *args)
-  np.testing.assert_allclose(np.asarray(values)[np.arange(3), np.asarray(
-      last_token_index(args[2]))], got, atol=1e-5)
+  assert_close_f32(np.asarray(values)[np.arange(3), np.asarray(last_token_index(args[2]))], got,
+                   ulps=256)   # the critic's per-token program vs the scorer's

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tolerances import assert_close_f32
 
 from rljax.ops import advantages as adv
 
@@ -78,8 +79,8 @@ def test_gae_matches_loop_reference(gamma, lam):
   m = _masks()
   a, ret = adv.gae(r, v, m, gamma=gamma, lam=lam)
   ra, rret = np_gae(r, v, m, gamma, lam)
-  np.testing.assert_allclose(a, ra, atol=1e-5)
-  np.testing.assert_allclose(ret, rret, atol=1e-5)
+  assert_close_f32(a, ra, ulps=64)   # float32 scan vs float64 loop over T steps
+  assert_close_f32(ret, rret, ulps=64)
 
 
 def test_gae_lambda_gamma_one_is_monte_carlo_minus_values():
@@ -88,8 +89,8 @@ def test_gae_lambda_gamma_one_is_monte_carlo_minus_values():
   m = _masks()
   a, ret = adv.gae(r, v, m, gamma=1.0, lam=1.0)
   mc = np_returns(r, m, 1.0)  # Σ_{s≥t} r_s over real tokens
-  np.testing.assert_allclose(a, np.where(m > 0, mc - v, 0.0), atol=1e-5)
-  np.testing.assert_allclose(ret, mc, atol=1e-5)
+  assert_close_f32(a, np.where(m > 0, mc - v, 0.0), ulps=64)   # scan vs float64 loop
+  assert_close_f32(ret, mc, ulps=64)
 
 
 def test_gae_fully_masked_row_is_zero_and_jits():
@@ -104,10 +105,10 @@ def test_gae_fully_masked_row_is_zero_and_jits():
 def test_discounted_returns_and_reinforce_pp():
   r = RNG.normal(size=(B, T)).astype(np.float32)
   m = _masks()
-  np.testing.assert_allclose(adv.discounted_returns(r, m, gamma=0.9),
-                             np_returns(r, m, 0.9), atol=1e-5)
-  np.testing.assert_allclose(adv.reinforce_pp_advantages(r, m, gamma=0.9),
-                             np_whiten(np_returns(r, m, 0.9), m), atol=1e-4)
+  assert_close_f32(adv.discounted_returns(r, m, gamma=0.9), np_returns(r, m, 0.9),
+                   ulps=64)   # float32 scan vs float64 loop
+  assert_close_f32(adv.reinforce_pp_advantages(r, m, gamma=0.9),
+                   np_whiten(np_returns(r, m, 0.9), m), ulps=64)
 
 
 def test_reinforce_pp_matches_verl_reset_form_for_contiguous_masks():
@@ -122,7 +123,7 @@ def test_reinforce_pp_matches_verl_reset_form_for_contiguous_masks():
     running = r[:, t] + 0.7 * running
     ref[:, t] = running
     running = running * m[:, t]
-  np.testing.assert_allclose(adv.discounted_returns(r, m, gamma=0.7), ref * m, atol=1e-5)
+  assert_close_f32(adv.discounted_returns(r, m, gamma=0.7), ref * m, ulps=64)   # scan vs loop
 
 
 @pytest.mark.parametrize("shift_mean", [True, False])
@@ -130,10 +131,10 @@ def test_whiten_matches_seed_formula(shift_mean):
   x = RNG.normal(2.0, 3.0, size=(B, T)).astype(np.float32)
   m = _masks()
   out = adv.whiten(x, m, shift_mean=shift_mean)
-  np.testing.assert_allclose(out, np_whiten(x, m, shift_mean), atol=1e-5)
+  assert_close_f32(out, np_whiten(x, m, shift_mean), ulps=64)   # masked mean/var vs NumPy's
   vals = np.asarray(out)[m > 0]
   assert abs(vals.std() - 1.0) < 1e-4
-  if not shift_mean:  # unit variance, original mean kept (seed 001's `whitened += mean`)
+  if not shift_mean:  # unit variance, original mean kept (`whitened += mean`, arXiv:1909.08593)
     np.testing.assert_allclose(vals.mean(), x[m > 0].mean(), rtol=1e-4)
 
 
@@ -146,7 +147,7 @@ def test_whiten_empty_mask_no_nan():
 
 
 def test_group_advantages_seed_003_example():
-  # seed 003: r = (+1, +1, −1), mean 1/3 → Dr.GRPO A = (2/3, 2/3, −4/3).
+  # r = (+1, +1, −1), mean 1/3 → Dr.GRPO A = r − mean = (2/3, 2/3, −4/3) (arXiv:2503.20783 §3.2).
   s = jnp.array([[1.0, 1.0, -1.0]])
   np.testing.assert_allclose(adv.group_advantages(s, scale_by_std=False),
                              [[2 / 3, 2 / 3, -4 / 3]], atol=1e-6)
@@ -158,9 +159,9 @@ def test_group_advantages_seed_003_example():
 def test_group_advantages_numpy_reference_and_dr_grpo_relation():
   s = RNG.normal(size=(B, G)).astype(np.float32)
   ref = (s - s.mean(-1, keepdims=True)) / (s.std(-1, ddof=1, keepdims=True) + 1e-6)
-  np.testing.assert_allclose(adv.group_advantages(s), ref, atol=1e-5)
-  np.testing.assert_allclose(adv.group_advantages(s, scale_by_std=False),
-                             s - s.mean(-1, keepdims=True), atol=1e-6)
+  assert_close_f32(adv.group_advantages(s), ref, ulps=64)   # mean/std: other summation order
+  assert_close_f32(adv.group_advantages(s, scale_by_std=False), s - s.mean(-1, keepdims=True),
+                   ulps=16)
 
 
 def test_group_advantages_degenerate_groups():
@@ -177,13 +178,14 @@ def test_group_advantages_mask_equals_dropping_samples():
   mask = np.array([[1, 0, 1, 1, 0]])
   out = adv.group_advantages(s, mask_bg=mask)
   kept = adv.group_advantages(s[:, mask[0] > 0])
-  np.testing.assert_allclose(np.asarray(out)[mask > 0], np.asarray(kept)[0], atol=1e-6)
+  # masked sums vs sums over the kept samples: other orders
+  assert_close_f32(np.asarray(out)[mask > 0], np.asarray(kept)[0], ulps=16)
 
 
 def test_batch_std_advantages():
   s = RNG.normal(size=(B, G)).astype(np.float32)
   ref = (s - s.mean(-1, keepdims=True)) / (s.std(ddof=1) + 1e-6)
-  np.testing.assert_allclose(adv.batch_std_advantages(s), ref, atol=1e-5)
+  assert_close_f32(adv.batch_std_advantages(s), ref, ulps=64)   # batch std vs NumPy's
 
 
 def test_rloo_leave_one_out_and_verl_form():
@@ -192,8 +194,8 @@ def test_rloo_leave_one_out_and_verl_form():
   mean = s.mean(-1, keepdims=True)
   verl = s * G / (G - 1) - mean * G / (G - 1)
   out = adv.rloo_advantages(s)
-  np.testing.assert_allclose(out, loo, atol=1e-5)
-  np.testing.assert_allclose(out, verl, atol=1e-5)
+  assert_close_f32(out, loo, ulps=64)   # three formulas of one value: other roundings
+  assert_close_f32(out, verl, ulps=64)
   np.testing.assert_allclose(adv.rloo_advantages(jnp.array([[5.0]])), [[0.0]])
 
 
@@ -201,8 +203,8 @@ def test_reinforce_pp_baseline():
   s = RNG.normal(size=(2, 3)).astype(np.float32)
   m = (RNG.random((2, 3, 4)) > 0.3).astype(np.float32)
   centred = np.broadcast_to((s - s.mean(-1, keepdims=True))[..., None], m.shape)
-  np.testing.assert_allclose(adv.reinforce_pp_baseline_advantages(s, m),
-                             np_whiten(centred, m), atol=1e-5)
+  assert_close_f32(adv.reinforce_pp_baseline_advantages(s, m), np_whiten(centred, m),
+                   ulps=64)   # group mean, then batch whitening, vs NumPy's
 
 
 def test_remax():
@@ -232,13 +234,13 @@ def test_pass_at_k_advantages_match_subset_enumeration(k):
                      [0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0]], np.float32)
   out = adv.pass_at_k_advantages(groups, k=k)
   ref = np.stack([np_pass_at_k_adv_bruteforce(list(g), k) for g in groups])
-  np.testing.assert_allclose(out, ref, atol=1e-5)
+  assert_close_f32(out, ref, ulps=64)   # closed form vs a float64 mean over subsets
 
 
 def test_pass_at_1_advantage_is_grpo_with_biased_std():
   s = np.array([[1, 0, 0, 1, 1], [0, 1, 0, 0, 0]], np.float32)
   ref = (s - s.mean(-1, keepdims=True)) / s.std(-1, keepdims=True)
-  np.testing.assert_allclose(adv.pass_at_k_advantages(s, k=1), ref, atol=1e-5)
+  assert_close_f32(adv.pass_at_k_advantages(s, k=1), ref, ulps=64)   # vs NumPy mean/std
 
 
 def test_pass_at_k_advantages_threshold_and_mask():
@@ -246,7 +248,7 @@ def test_pass_at_k_advantages_threshold_and_mask():
   s = jnp.array([[1.0, -1.0, -1.0, 7.0]])
   out = adv.pass_at_k_advantages(s, k=2, mask_bg=jnp.array([[1, 1, 1, 0]]))
   ref = np_pass_at_k_adv_bruteforce([1, 0, 0], 2)
-  np.testing.assert_allclose(np.asarray(out)[0, :3], ref, atol=1e-5)
+  assert_close_f32(np.asarray(out)[0, :3], ref, ulps=64)   # closed form vs subset mean
   assert float(out[0, 3]) == 0.0
 
 

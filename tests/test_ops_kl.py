@@ -79,7 +79,8 @@ def test_unknown_kind_lists_valid_kinds():
 
 
 def np_kl_penalized_rewards(scores, kl, mask, beta):
-  """Seed 001 eq. 1: r_t = 1[t = last real token]·R − β·KL_t, on real tokens only."""
+  """Per-token KL in the reward (arXiv:2203.02155 Eq. 2 per token; REINFORCE++,
+  arXiv:2501.03262 Eq. 1): r_t = 1[t = last real token]·R − β·KL_t, on real tokens only."""
   out = np.zeros_like(kl)
   for i in range(kl.shape[0]):
     idx = np.nonzero(mask[i])[0]
@@ -104,7 +105,8 @@ def test_kl_penalized_rewards_matches_seed001_eq1():
 
 
 def test_adaptive_kl_controller_hand_computed_updates():
-  # Ziegler et al. 2019 / seed 001: init 0.15, target 6, horizon 10000, n_steps 256.
+  # The controller of Ziegler et al. 2019 (arXiv:1909.08593 §2.2), init 0.15, target 6,
+  # horizon 10000, n_steps 256.
   c = AdaptiveKLController(value=0.15, target=6.0, horizon=10000.0)
   up = c.update(9.0, 256)    # 9/6 − 1 = 0.5 → clipped to +0.2
   np.testing.assert_allclose(up.value, 0.15 * (1 + 0.2 * 256 / 10000), rtol=1e-6)

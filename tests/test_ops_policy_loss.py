@@ -1,5 +1,6 @@
-"""Policy losses against NumPy references of their papers' equations, seed 003's worked
-examples, gradient tests (what each clip does to the gradient) and relations."""
+"""Policy losses against NumPy references of their papers' equations, two worked examples
+(GSPO vs GRPO on two tokens, length dilution), gradient tests (what each clip does to the
+gradient) and relations."""
 
 import functools
 
@@ -114,10 +115,10 @@ def test_gspo_matches_numpy_objective():
 
 
 def test_seed003_two_token_gspo_vs_grpo_example():
-  # Seed 003 §5.3.2: A = 1, ε = 0.2, token ratios ρ1 = 2.0, ρ2 = 0.4.
+  # A = 1, ε = 0.2, token ratios ρ1 = 2.0, ρ2 = 0.4 (GSPO, arXiv:2507.18071, Eqs. 5 and 7).
   # From the equation, token 2 contributes min(ρ2·A, clip(ρ2)·A) = min(0.4, 0.8) = 0.4, so
-  # GRPO's objective is (1.2 + 0.4)/2 = 0.8. The seed writes min(0.4, 0.8) = 0.8 and gets
-  # 1.0: an arithmetic slip; the equation wins.
+  # GRPO's objective is (1.2 + 0.4)/2 = 0.8 (not 1.0, which reading min(0.4, 0.8) as 0.8
+  # would give).
   logp = jnp.log(jnp.array([[2.0, 0.4]]))
   old_logp, mask, adv = jnp.zeros((1, 2)), jnp.ones((1, 2)), jnp.ones((1,))
   grpo, _ = policy_loss(logp, old_logp, adv, mask)
@@ -125,12 +126,13 @@ def test_seed003_two_token_gspo_vs_grpo_example():
   np.testing.assert_allclose(-aggregate(grpo, mask, "seq_mean_token_mean"), 0.8, rtol=1e-6)
   gspo, diag = policy_loss(logp, old_logp, adv, mask, ratio_level="sequence")
   np.testing.assert_allclose(-aggregate(gspo, mask, "seq_mean_token_mean"), np.sqrt(0.8), rtol=1e-6)
-  np.testing.assert_allclose(diag.ratio_bt, [[0.894, 0.894]], atol=5e-4)  # the seed's ≈ 0.894
+  np.testing.assert_allclose(diag.ratio_bt, [[0.894, 0.894]], atol=5e-4)  # √0.8 ≈ 0.894
   assert float(diag.clip_high_bt.sum() + diag.clip_low_bt.sum()) == 0.0  # 0.894 ∈ [0.8, 1.2]
 
 
 def test_seed003_length_dilution_example():
-  # Seed 003 §5.2.4: one prompt, completions A (2 tokens, r=+1), B (6, +1), C (6, −1);
+  # Length dilution (Dr. GRPO, arXiv:2503.20783 §3.1): one prompt, completions A (2 tokens,
+  # r=+1), B (6, +1), C (6, −1);
   # mean baseline 1/3 → advantages +2/3, +2/3, −4/3. On-policy (ratio 1).
   scores = np.array([1.0, 1.0, -1.0])
   adv = (scores - scores.mean()).astype(np.float32)
@@ -138,8 +140,8 @@ def test_seed003_length_dilution_example():
   lengths = np.array([2, 6, 6])
   mask = (np.arange(6)[None] < lengths[:, None]).astype(np.float32)
   logp = np.full((3, 6), -1.0, np.float32)
-  # GRPO (seq_mean_token_mean): each token's weight is A_i/|y_i| (the seed's per-token
-  # shares +2/3/2, +2/3/6, −4/3/6), times 1/K. Gradient of the loss = −weight.
+  # GRPO (seq_mean_token_mean): each token's weight is A_i/|y_i| (per-token shares
+  # +2/3/2, +2/3/6, −4/3/6), times 1/K. Gradient of the loss = −weight.
   grad = _grad_logp(policy_loss, logp, logp, adv, mode="seq_mean_token_mean", mask=mask)
   expected = -(adv / lengths / 3)[:, None] * mask
   np.testing.assert_allclose(grad, expected, rtol=1e-6)

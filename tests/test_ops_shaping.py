@@ -1,4 +1,4 @@
-"""Reward shaping: DAPO soft overlong punishment (seed 004 values), length penalty,
+"""Reward shaping: DAPO soft overlong punishment (the paper's lengths), length penalty,
 running moments, normalisation, clipping, reward whitening."""
 
 import hypothesis.extra.numpy as hnp
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tolerances import assert_close_f32
 
 from rljax.ops import shaping
 
 RNG = np.random.default_rng(0)
-L_MAX, L_CACHE = 20480, 4096  # seed 004 / DAPO recipe
+L_MAX, L_CACHE = 20480, 4096  # DAPO (arXiv:2503.14476): 16384 expected + a 4096-token cache
 
 
 def np_dapo_penalty(length, max_len, cache_len):
@@ -25,7 +26,7 @@ def np_dapo_penalty(length, max_len, cache_len):
 
 
 def test_soft_overlong_seed_004_values():
-  # seed 004: no penalty up to 16384 tokens, linear in the 4096-token buffer, −1 beyond 20480.
+  # DAPO Eq. 13: no penalty up to 16384 tokens, linear in the 4096-token buffer, −1 beyond 20480.
   lengths = [0, 1000, 16383, 16384, 16385, 17408, 18432, 19456, 20479, 20480, 20481, 30000]
   expected = [0, 0, 0, 0, -1 / 4096, -0.25, -0.5, -0.75, -4095 / 4096, -1.0, -1.0, -1.0]
   out = shaping.soft_overlong_penalty(jnp.array(lengths), max_len=L_MAX, cache_len=L_CACHE)
@@ -36,13 +37,13 @@ def test_soft_overlong_seed_004_values():
 def test_soft_overlong_random_lengths_and_verl_form():
   lengths = RNG.integers(0, 25000, size=64)
   out = shaping.soft_overlong_penalty(lengths, max_len=L_MAX, cache_len=L_CACHE)
-  np.testing.assert_allclose(out, [np_dapo_penalty(n, L_MAX, L_CACHE) for n in lengths],
-                             atol=1e-6)
-  # verl (PEERS 4): min(−(L − (L_max − L_buf))/L_buf, 0), equal for L ≤ L_max (verl
-  # truncates generation at L_max, so longer lengths never reach it).
+  assert_close_f32(out, [np_dapo_penalty(n, L_MAX, L_CACHE) for n in lengths],
+                   ulps=16)   # float32 vs float64 division
+  # verl's form (verl/workers/reward_manager/dapo.py): min(−(L − (L_max − L_buf))/L_buf, 0),
+  # equal for L ≤ L_max (verl truncates generation at L_max, so longer lengths never reach it).
   inside = lengths <= L_MAX
   verl = np.minimum(-(lengths - (L_MAX - L_CACHE)) / L_CACHE, 0.0)
-  np.testing.assert_allclose(np.asarray(out)[inside], verl[inside], atol=1e-6)
+  assert_close_f32(np.asarray(out)[inside], verl[inside], ulps=16)
   with pytest.raises(ValueError):
     shaping.soft_overlong_penalty(lengths, max_len=10, cache_len=20)
 
@@ -91,8 +92,8 @@ def test_whiten_rewards_keeps_mean_unit_variance():
   m = (RNG.random((3, 5)) > 0.3).astype(np.float32)
   out = np.asarray(shaping.whiten_rewards(r, m))
   sel = m > 0
-  ref = (r - r[sel].mean()) / np.sqrt(r[sel].var() + 1e-8) + r[sel].mean()  # seed 001
-  np.testing.assert_allclose(out[sel], ref[sel], atol=1e-5)
+  ref = (r - r[sel].mean()) / np.sqrt(r[sel].var() + 1e-8) + r[sel].mean()  # arXiv:1909.08593 code
+  assert_close_f32(out[sel], ref[sel], ulps=64)   # masked mean/var vs NumPy's
   assert np.all(out[~sel] == 0)
 
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from tolerances import assert_close_f32
 
 from rljax import parallel
 from rljax.models import Decoder, ModelConfig
@@ -64,5 +65,5 @@ def test_generate_rows_equals_generate(rows):
   for name in ("tokens", "mask", "truncated"):
     np.testing.assert_array_equal(np.asarray(getattr(got, name))[:6],
                                   np.asarray(getattr(want, name)), err_msg=name)
-  np.testing.assert_allclose(np.asarray(got.logp)[:6], np.asarray(want.logp), rtol=1e-6,
-                             atol=1e-6)
+  # padded rows and buckets: other shapes, other sums
+  assert_close_f32(np.asarray(got.logp)[:6], np.asarray(want.logp), ulps=256)

@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from tolerances import f32_atol
 
 WORKER = textwrap.dedent("""
   import json, os, sys
@@ -43,6 +44,7 @@ WORKER = textwrap.dedent("""
   total = float(jax.jit(jnp.sum)(rows))
   print("RESULT", json.dumps({"global": jax.device_count(), "repl": replicated_fraction(model),
                               "err": float(np.max(np.abs(np.asarray(out) - ref))),
+                              "scale": float(np.max(np.abs(ref))),
                               "chosen": [d.process_index for d in chosen], "total": total}))
 """)
 
@@ -73,7 +75,7 @@ def test_two_processes_sharded_forward_matches(tmp_path):
     results.append(json.loads(line[len("RESULT "):]))
   for r in results:
     assert r["global"] == 4
-    assert r["err"] < 1e-5
+    assert r["err"] < f32_atol(r["scale"], ulps=256)   # sharded vs one device: other sums
     assert 0 < r["repl"] < 0.05
     assert r["chosen"] == [0, 1]   # not process 0's two devices
     assert r["total"] == 9.0       # 3 x 1 from process 0 + 3 x 2 from process 1

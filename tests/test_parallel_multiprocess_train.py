@@ -18,6 +18,7 @@ import zlib
 import jax
 import numpy as np
 import pytest
+from tolerances import f32_atol
 from train_micro import MICRO, micro_config, read_records
 
 from rljax.data import tasks
@@ -134,7 +135,9 @@ def test_two_processes_train_like_one_process_with_eight_devices(spec, tmp_path,
       if isinstance(a[key], str) or isinstance(b[key], str):
         assert a[key] == b[key], key
       else:
-        np.testing.assert_allclose(b[key], a[key], rtol=RTOL, atol=1e-7, err_msg=key)
+        # means of O(1) terms near 0 (loss, log-prob gap) keep the terms' rounding
+        np.testing.assert_allclose(b[key], a[key], rtol=RTOL, atol=f32_atol(1.0, ulps=64),
+                                   err_msg=key)
   assert json.loads((multi / "result.json").read_text())["iterations"] == 2
 
   # The checkpoint both processes wrote together resumes in one process, equal to the

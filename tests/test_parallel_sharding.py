@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
+from tolerances import assert_close_f32
 
 from rljax.models import Decoder, ModelConfig
 from rljax.models.logprobs import token_logprobs
@@ -82,10 +83,13 @@ def test_sharded_forward_and_grad_equal_unsharded():
   batch = [jax.device_put(x, batch_sharding(mesh, 2)) for x in (tokens, positions, mask)]
   got = _forward(model, *batch)
   assert len(got.sharding.device_set) == 8
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
+  # fsdp x tensor sharded vs one device: other matmul splits and reduction orders
+  assert_close_f32(got, want, ulps=256)
   got_grad = _grad(model, *batch)
+  # the bound scales with the largest gradient (some leaves are ~0 up to rounding)
+  g_max = max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(want_grad))
   for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+    assert_close_f32(a, b, ulps=256, scale=g_max)
 
 
 def test_replicated_fraction():

@@ -1,4 +1,5 @@
-"""Table-driven answer-equivalence suite (seed 000 examples, positives and negatives)."""
+"""Table-driven answer-equivalence suite: positives and negatives, with units, percentages,
+π and Chinese text around the number."""
 
 import threading
 
@@ -9,11 +10,11 @@ from rljax.rewards.math import clean, extract_answer, is_equivalent, parse_numbe
 
 # (prediction, ground truth): must match.
 POSITIVE = [
-  # seed 000: 9 元 / 2 元 -> 4.5 张; units and Chinese text around the number.
+  # 9 元 / 2 元 -> 4.5 张 (tickets): units and Chinese text around the number.
   ("9 元 / 2 元", "4.5"), ("4.5张", "4.5"), ("答：能买4.5张", "4.5"), ("\\text{4.5 元}", "4.5"),
-  # seed 000: 盈利__%, label 96.
+  # 盈利__% (profit in percent), label 96.
   ("盈利96%", "96"), ("96%", "96"), ("96", "96%"), ("0.96", "96%"), ("96\\%", "96"),
-  # seed 000: label 3.14, outputs π / 圆周率 / 3.1415926.
+  # label 3.14, outputs π / 圆周率 (pi) / 3.1415926.
   ("π", "3.14"), ("圆周率", "3.14"), ("3.1415926", "3.14"), ("\\pi", "3.1415926"),
   ("$\\pi$", "3.14"),
   # integers, decimals, fractions, scientific notation.

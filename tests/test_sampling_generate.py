@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from scipy import stats
+from tolerances import assert_close_f32
 
 from rljax.models import Decoder, ModelConfig
 from rljax.parallel import make_mesh, replicated_fraction, shard_model
@@ -67,10 +68,9 @@ def test_logp_and_logp_full_equal_teacher_forced_forward(model, rollout):
   m = np.asarray(rollout.mask) > 0
   trunc = truncated_log_softmax(logits, temperature=0.7, top_k=20, top_p=0.9, min_p=0.02)
   full = jax.nn.log_softmax(logits / 0.7, axis=-1)
-  np.testing.assert_allclose(np.asarray(rollout.logp)[m], _chosen(trunc, rollout.tokens)[m],
-                             atol=1e-5)
-  np.testing.assert_allclose(np.asarray(rollout.logp_full)[m],
-                             _chosen(full, rollout.tokens)[m], atol=1e-5)
+  # cached decode vs teacher-forced full forward: other matmul/attention sums
+  assert_close_f32(np.asarray(rollout.logp)[m], _chosen(trunc, rollout.tokens)[m], ulps=256)
+  assert_close_f32(np.asarray(rollout.logp_full)[m], _chosen(full, rollout.tokens)[m], ulps=256)
   assert np.all(np.asarray(rollout.logp)[~m] == 0) and np.all(np.asarray(rollout.logp_full)[~m] == 0)
   assert np.all(np.asarray(rollout.logp) >= np.asarray(rollout.logp_full) - 1e-6)  # renormalised
 
@@ -101,7 +101,7 @@ def test_same_key_same_tokens_independent_of_buckets(model, rollout):
   np.testing.assert_array_equal(again.tokens, rollout.tokens)
   other = generate(model, tokens, mask, batch_bucket=16, prompt_bucket=32, **kwargs)
   np.testing.assert_array_equal(other.tokens, rollout.tokens)
-  np.testing.assert_allclose(other.logp, rollout.logp, atol=1e-5)
+  assert_close_f32(other.logp, rollout.logp, ulps=256)   # other buckets: other shapes and sums
   assert not np.array_equal(
       generate(model, tokens, mask, sampling=SAMPLING, rng=jax.random.key(1)).tokens,
       rollout.tokens)
@@ -138,13 +138,13 @@ def test_segmented_decode_equals_one_loop_and_teacher_forcing(model, monkeypatch
   sampler._decode_jit.clear_cache()
   np.testing.assert_array_equal(seg.tokens, one.tokens)
   np.testing.assert_array_equal(seg.mask, one.mask)
-  np.testing.assert_allclose(seg.logp, one.logp, atol=1e-6)
+  assert_close_f32(seg.logp, one.logp, ulps=256)   # segmented vs one loop: other programs
   lengths = np.asarray(seg.mask).sum(1)
   assert lengths.min() < 20 < lengths.max()       # stops in both segments, some run on
   logits = _teacher_forced_logits(model, seg)
   full = _chosen(jax.nn.log_softmax(logits / sp.temperature, axis=-1), seg.tokens)
   m = np.asarray(seg.mask) > 0
-  np.testing.assert_allclose(np.asarray(seg.logp_full)[m], full[m], atol=1e-5)
+  assert_close_f32(np.asarray(seg.logp_full)[m], full[m], ulps=256)   # cached vs full forward
 
 
 def test_no_recompile_for_new_params_and_prompts_in_the_same_bucket(model):
@@ -188,7 +188,7 @@ def test_sharded_on_8_devices_equals_unsharded(model, rollout, axes):
   sharded = generate(model, tokens, mask, **kwargs)
   assert len(sharded.tokens.sharding.device_set) == 8
   np.testing.assert_array_equal(sharded.tokens, rollout.tokens)
-  np.testing.assert_allclose(sharded.logp, rollout.logp, atol=1e-5)
+  assert_close_f32(sharded.logp, rollout.logp, ulps=256)   # 8 devices vs 1: other sums
   sharded_model = shard_model(nnx.clone(model), mesh)   # pre-sharded parameters
   assert replicated_fraction(sharded_model) < 1.0 or axes == dict(data=8)
   again = generate(sharded_model, tokens, mask, **kwargs)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from tolerances import assert_close_f32
 
 from rljax.models import load_hf
 from rljax.sampling import SamplingParams, generate
@@ -67,5 +68,6 @@ def test_greedy_matches_transformers_generate(arch, tmp_path):
   t = hf_logits.shape[1]
   chosen = np.take_along_axis(hf_logp, want[:, :t, None], -1)[..., 0]
   m = np.asarray(got.mask)[:, :t] > 0
-  np.testing.assert_allclose(np.asarray(got.logp_full)[:, :t][m], chosen[m], atol=2e-5)
+  # JAX cached decode vs torch full forward: other sums
+  assert_close_f32(np.asarray(got.logp_full)[:, :t][m], chosen[m], ulps=256)
   assert np.all(np.asarray(got.logp) == 0)         # greedy: point mass

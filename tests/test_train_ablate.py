@@ -2,7 +2,7 @@
 
 import math
 
-from rljax.train.ablate.runner import markdown_table, summarize
+from rljax.train.ablate.table import markdown_table, summarize
 
 RESULT = {"heldout_acc_before": 0.1, "heldout_acc_after": 0.6, "heldout_avg@4": 0.5,
           "heldout_pass@4": 0.8, "wall_s": 12.0}

@@ -49,8 +49,8 @@ def test_teacher_equal_to_the_student_gives_a_zero_term(tmp_path):
                                              "algo.distill_only": True})
   run, state, trainer = built(config)
   key = jax.random.key(3)
-  batch, _ = collect(run.rollouts, run.params.model(state), draw_prompts_fn(run), lambda: key,
-                     run.specs.rollout)
+  batch, _ = collect(run.rollouts, run.params.model(state), draw_prompts_fn(run, 0),
+                     lambda round_: key, run.specs.rollout)
   upd, metrics, _ = trainer.preparer.prepare(state, batch, key, RunningMoments.create())
   assert metrics["distill/reverse_kl"] == 0.0
   assert metrics["distill/teacher_logp"] < 0.0

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tolerances import f32_atol
 from train_micro import built, micro_config, read_records, restored_state
 
 from rljax.train.loop import train
@@ -74,8 +75,8 @@ def test_no_recompilation_after_first_iteration(tmp_path):
 
 
 def test_eight_devices_give_the_same_losses_as_one(tmp_path):
-  """Same seed, same rollouts; only the mesh differs. Tolerance: 2e-5 relative (fp32 sums
-  are reduced in a different order across devices)."""
+  """Same seed, same rollouts; only the mesh differs. Tolerance: 2e-5 relative, 64 eps32
+  absolute (fp32 sums are reduced in a different order across devices)."""
   assert jax.device_count() == 8
   runs = {}
   for devices in (1, 8):
@@ -91,7 +92,10 @@ def test_eight_devices_give_the_same_losses_as_one(tmp_path):
     assert one["train/raw_score"] == eight["train/raw_score"]
     assert one["train/response_length_mean"] == eight["train/response_length_mean"]
     for key in ("update/loss", "update/pg_loss", "update/grad_norm", "update/entropy"):
-      np.testing.assert_allclose(eight[key], one[key], rtol=2e-5, atol=1e-7, err_msg=key)
+      # a loss is a mean of O(1) terms (normalised advantage x ratio) that can cancel to ~0:
+      # there its rounding is still that of the terms, 64 eps32 of 1
+      np.testing.assert_allclose(eight[key], one[key], rtol=2e-5, atol=f32_atol(1.0, ulps=64),
+                                 err_msg=key)
 
 
 def test_old_logp_from_the_update_equals_recomputing_it(tmp_path):
@@ -110,7 +114,9 @@ def test_old_logp_from_the_update_equals_recomputing_it(tmp_path):
     assert rec["train/raw_score"] == upd["train/raw_score"]      # same rollouts
     for key in ("update/loss", "update/grad_norm", "update/entropy", "update/ratio",
                 "train/entropy_rollout", "mismatch/logp_gap_mean", "tokens/entropy_p50"):
-      np.testing.assert_allclose(upd[key], rec[key], rtol=1e-4, atol=1e-6, err_msg=key)
+      # loss and log-prob gap: means of O(1) terms near 0, bounded by the terms' rounding
+      np.testing.assert_allclose(upd[key], rec[key], rtol=1e-4, atol=f32_atol(1.0, ulps=64),
+                                 err_msg=key)
   assert runs["update"][-1]["compile/programs"] == runs["update"][0]["compile/programs"]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                params["recompute"], params["update"])
@@ -155,7 +161,9 @@ def test_microbatch_split_does_not_change_the_update(spec, agg, tmp_path):
     outs.append((metrics, jax.tree.map(np.asarray, new_state.actor)))
   (m1, p1), (m4, p4) = outs
   for key in ("loss", "pg_loss", "grad_norm"):
-    np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    # a loss is a mean of O(1) terms that can cancel to ~0: the terms' rounding bounds it there
+    np.testing.assert_allclose(m4[key], m1[key], rtol=1e-5, atol=f32_atol(1.0, ulps=64),
+                               err_msg=key)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p4)
 
 

@@ -2,6 +2,7 @@
 and Qwen2 weights saved by `transformers`, loaded by rljax, trained, and exported back."""
 
 import pytest
+from tolerances import f32_atol
 from train_micro import micro_config, read_records
 
 from rljax.data import make_task
@@ -60,5 +61,6 @@ def test_rl_on_a_hugging_face_checkpoint(hf_dir, tmp_path):
   assert result["iterations"] == 2
   records = read_records(tmp_path / "grpo")
   assert all(r["update/skipped"] == 0 for r in records)
-  # The sampler and the trainer agree on every log-prob (same positions, same template).
-  assert records[-1]["mismatch/logp_gap_max"] < 1e-4
+  # The sampler and the trainer agree on every log-prob (same positions, same template), up
+  # to the rounding of a cached vs a full forward: 256 eps32 of |logp| ≲ 10 (300 tokens).
+  assert records[-1]["mismatch/logp_gap_max"] < f32_atol(10.0, ulps=256)

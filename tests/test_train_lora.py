@@ -7,6 +7,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
+from tolerances import f32_atol
 from train_micro import built, micro_config, read_records
 
 from rljax.train.config import ConfigError
@@ -110,7 +111,9 @@ def test_eight_devices_equal_one_with_lora(tmp_path):
   for one, eight in zip(runs[1], runs[8]):
     assert one["train/raw_score"] == eight["train/raw_score"]
     for key in ("update/loss", "update/grad_norm", "update/entropy"):
-      np.testing.assert_allclose(eight[key], one[key], rtol=2e-5, atol=1e-7, err_msg=key)
+      # a loss is a mean of O(1) terms that can cancel to ~0: the terms' rounding bounds it
+      np.testing.assert_allclose(eight[key], one[key], rtol=2e-5, atol=f32_atol(1.0, ulps=64),
+                                 err_msg=key)
 
 
 @pytest.mark.parametrize("fields, needle", [

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tolerances import assert_close_f32, f32_atol
 from train_micro import built, micro_config, read_records
 
 from rljax.train.config import ConfigError
@@ -142,6 +143,7 @@ def _update_memory_report(tmp_path):
       params[name] = jax.tree.leaves(jax.tree.map(np.asarray, new_state.actor))
   report["param_max_abs_diff"] = max(float(np.max(np.abs(a - b)))
                                      for a, b in zip(params["base"], params["remat"]))
+  report["param_max_abs"] = max(float(np.max(np.abs(a))) for a in params["base"])
   print("REPORT " + json.dumps(report))
 
 
@@ -167,9 +169,11 @@ def test_remat_and_microbatches_lower_update_temp_memory(tmp_path):
   assert temps["remat"] < 0.9 * temps["base"], temps   # measured 0.82 (remat off: 1.0)
   assert temps["micro4"] < 0.5 * temps["base"], temps
   for key in ("loss", "pg_loss", "grad_norm", "entropy"):
-    np.testing.assert_allclose(report["remat"][key], report["base"][key], rtol=1e-5, atol=1e-7,
-                               err_msg=key)
-  assert report["param_max_abs_diff"] < 1e-6
+    # a loss near 0 (a mean of O(1) terms) keeps the terms' rounding: 64 eps32 of 1
+    np.testing.assert_allclose(report["remat"][key], report["base"][key], rtol=1e-5,
+                               atol=f32_atol(1.0, ulps=64), err_msg=key)
+  # the new parameters: the rounding of p + Δ and of a recomputed gradient, relative to |p|
+  assert report["param_max_abs_diff"] < f32_atol(report["param_max_abs"], ulps=16), report
 
 
 def test_rollout_forward_in_microbatches_is_equal_and_smaller(tmp_path):
@@ -188,6 +192,7 @@ def test_rollout_forward_in_microbatches_is_equal_and_smaller(tmp_path):
     logp, entropy = fns.policy_stats(s.params.initial_actor, batch)
     out[micro] = (compiled.memory_analysis().temp_size_in_bytes, np.asarray(logp),
                   np.asarray(entropy))
-  np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(out[4][2], out[1][2], rtol=1e-5, atol=1e-6)
+  # 4 chunks vs one forward: other batch shapes, other matmul and softmax sums
+  assert_close_f32(out[4][1], out[1][1], ulps=256)
+  assert_close_f32(out[4][2], out[1][2], ulps=256)
   assert out[4][0] < 0.6 * out[1][0], (out[4][0], out[1][0])

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tolerances import assert_close_f32, f32_atol
 from train_micro import micro_config, read_records
 
 from rljax.envs import Step
@@ -21,7 +22,8 @@ from rljax.train.config.specs import EpisodeSpec
 from rljax.train.loop import train
 from rljax.train.rollout.batch import EpisodeRecords
 from rljax.train.rollout.environments import Episode, episode_metrics
-from rljax.train.rollout.episodic import run_episodes, turn_inputs
+from rljax.train.rollout.episodic import run_episodes
+from rljax.train.rollout.turns import turn_inputs
 from rljax.train.run.build import build
 from rljax.train.update import objective
 
@@ -134,7 +136,8 @@ def test_trainer_log_probs_equal_the_samplers_on_every_sampled_token(tmp_path):
   batch = {k: jnp.asarray(rows[k]) for k in ("prompt_tokens", "prompt_mask", "tokens", "mask")}
   logp, _ = objective.policy_forward(model, batch, temperature=1.0)
   sampled = rows["mask"] > 0
-  np.testing.assert_allclose(np.asarray(logp)[sampled], rows["sampler_logp"][sampled], atol=5e-5)
+  # the sampler's cached decode vs the trainer's full forward: other matmul/attention sums
+  assert_close_f32(np.asarray(logp)[sampled], rows["sampler_logp"][sampled], ulps=256)
   # decoding the sampled tokens never shows observation text (mask/observation disjoint)
   for i in range(8):
     sampled_text = tok.decode(rows["tokens"][i][sampled[i]].tolist())
@@ -162,8 +165,9 @@ def test_extend_prefill_equals_a_fresh_prefill():
   for r in range(b):
     n = first[r] + extra
     full = model(jnp.asarray(seqs[r:r + 1, :n]))
-    np.testing.assert_allclose(np.asarray(logits[r]), np.asarray(full[0, first[r]:n]), rtol=1e-5,
-                               atol=1e-5)
+    # cached extend vs full forward: other attention and matmul sums (256 eps32 of the
+    # largest logit, ~2e-4 here; extending one position late moves these logits by 1 to 4)
+    assert_close_f32(logits[r], full[0, first[r]:n], ulps=256)
 
 
 def test_statuses_decide_loss_and_baseline(tmp_path):
@@ -199,7 +203,9 @@ def test_calculator_trains_resumes_exactly_and_matches_on_eight_devices(tmp_path
   assert one[0]["update/grad_norm"] > 0
   for a, b in zip(one, eight):
     assert a["train/raw_score"] == b["train/raw_score"]
-    np.testing.assert_allclose(b["update/loss"], a["update/loss"], rtol=5e-5, atol=1e-7)
+    # 1 vs 8 devices: other reduction orders; a loss near 0 keeps its O(1) terms' rounding
+    np.testing.assert_allclose(b["update/loss"], a["update/loss"], rtol=5e-5,
+                               atol=f32_atol(1.0, ulps=64))
   split = micro_config("calculator", tmp_path / "split", **CALC)
   train(split, stop_after=1)
   train(split)

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tolerances import assert_close_f32, f32_atol
 from train_micro import micro_config, read_records
 
 from rljax.models import Decoder
@@ -96,8 +97,11 @@ def test_packed_loss_and_gradients_equal_padded(agg, ratio_level, tmp_path):
   np.testing.assert_allclose(out[2][0], out[0][0], rtol=1e-5, atol=1e-7)
   for key in ("entropy", "clip_high", "ratio", "approx_kl_old"):
     np.testing.assert_allclose(out[2][1][key], out[0][1][key], rtol=1e-5, atol=1e-6, err_msg=key)
+  # packed vs padded forward and backward: other attention sums; the bound scales with the
+  # largest gradient (some leaves are ~0 up to rounding)
+  g_max = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(out[0][2]))
   for a, b in zip(jax.tree.leaves(out[0][2]), jax.tree.leaves(out[2][2])):
-    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=2e-6)
+    assert_close_f32(b, a, ulps=256, scale=g_max)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(out[0][2])) > 1e-4
 
 
@@ -115,4 +119,6 @@ def test_trainer_packed_equals_padded_on_one_and_eight_devices(tmp_path):
     for one, other in zip(base, recs):
       assert one["train/raw_score"] == other["train/raw_score"], key
       for m in ("update/loss", "update/grad_norm", "update/entropy", "train/entropy_rollout"):
-        np.testing.assert_allclose(other[m], one[m], rtol=5e-5, atol=1e-7, err_msg=f"{key} {m}")
+        # a loss near 0 (a mean of O(1) terms) keeps the terms' rounding: 64 eps32 of 1
+        np.testing.assert_allclose(other[m], one[m], rtol=5e-5, atol=f32_atol(1.0, ulps=64),
+                                   err_msg=f"{key} {m}")

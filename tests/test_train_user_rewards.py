@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from tolerances import assert_close_f32, f32_atol
 from train_micro import MICRO, micro_config, read_records
 
 from rljax.data.python_task import PythonTask
@@ -124,7 +125,8 @@ def test_gdpo_advantages_equal_a_hand_computation(reward_file, tmp_path):
   total = (per * w).sum(-1).reshape(-1)
   want = (total - total.mean()) / (total.std(ddof=1) + 1e-6)
   first = batch["advantages"][np.arange(16), 0]     # one advantage per row, on every token
-  np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-5)
+  # the trainer's float32 group and batch normalisations vs float64: other summation orders
+  assert_close_f32(first, want, ulps=64)
 
 
 def test_missing_eos_penalty_lowers_the_reward_by_the_truncated_share(tmp_path):
@@ -133,7 +135,7 @@ def test_missing_eos_penalty_lowers_the_reward_by_the_truncated_share(tmp_path):
   for r in read_records(tmp_path / "grpo"):
     assert r["train/truncated_frac"] > 0
     assert r["train/reward"] == pytest.approx(r["train/raw_score"] - 0.5 * r["train/truncated_frac"],
-                                              abs=1e-6)
+                                              abs=f32_atol(r["train/raw_score"], 0.5, ulps=16))
 
 
 def test_repetition_penalty_only_lowers_the_reward(tmp_path):

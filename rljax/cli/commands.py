@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import pathlib
 import sys
@@ -18,6 +17,7 @@ from rljax.cli.overrides import (
 )
 from rljax.envs import load_env_factory
 from rljax.rewards.user import user_reward_terms
+from rljax.train.ablate.runner import plan as ablation_plan
 from rljax.train.ablate.runner import run_ablation
 from rljax.train.config import ConfigError, load_config, validate
 from rljax.train.config.defaults import distill_teacher_dir
@@ -147,44 +147,36 @@ def _ablate_parser():
   parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                       help="override for every step, e.g. --set run.iterations=20")
   parser.add_argument("--seeds", default="", metavar="S,S,...|A-B",
-                      help="run every step with each run.seed (0,1,2 or 0-5): mean ± sd per cell")
+                      help="run every step with each run.seed (0,1,2 or 0-5): paired effects")
+  parser.add_argument("--steps", default="", metavar="STEP,STEP,...",
+                      help="these steps instead of ABLATION_STEPS; STEP@LABEL repeats a step "
+                           "with its own sampling noise (an A/A control)")
   parser.add_argument("--check", action="store_true",
                       help="validate every step's config and the files it names, run nothing")
   return parser
 
 
-def _experiment_steps(path: pathlib.Path) -> tuple[str, ...]:
-  if not path.is_file():
-    raise UsageError(f"experiment file not found: {path}")
-  spec = importlib.util.spec_from_file_location(f"rljax_cli_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  steps = tuple(getattr(module, "ABLATION_STEPS", ()))
-  if not steps:
-    raise UsageError(f"{path} defines no ABLATION_STEPS tuple")
-  return steps
+def _ablate_args(argv):
+  args = _ablate_parser().parse_args(argv)
+  if not pathlib.Path(args.experiment).is_file():
+    raise UsageError(f"experiment file not found: {args.experiment}")
+  sets = typed_overrides(dict(split_set(item) for item in args.set))
+  steps = [s.strip() for s in args.steps.split(",") if s.strip()] or None
+  return args, dict(out_dir=args.out, seeds=parse_seeds(args.seeds), steps=steps,
+                    overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()])
 
 
 def ablate_configs(argv):
   """[(step, seed, validated config)] for every run `rljax ablate ARGV` would make, with the
-  run directories `rljax.train.ablate.runner.run_ablation` gives them; nothing runs."""
-  args = _ablate_parser().parse_args(argv)
-  seeds = parse_seeds(args.seeds)
-  sets = typed_overrides(dict(split_set(item) for item in args.set))
-  path = pathlib.Path(args.experiment)
-  out = pathlib.Path(args.out or f"runs/ablate_{path.stem}")
-  plan = []
-  for seed in seeds or [None]:
-    for step in _experiment_steps(path):
-      where = out / step if seed is None else out / step / f"seed{seed}"
-      extra = {"run.dir": str(where)} | ({} if seed is None else {"run.seed": seed})
-      plan.append((step, seed, load_config(f"{args.experiment}:{step}", {**sets, **extra})))
-  return plan
+  run directories and settings `rljax.train.ablate.runner.run_ablation` gives them; nothing
+  runs."""
+  args, options = _ablate_args(argv)
+  return ablation_plan(args.experiment, **options)
 
 
 def ablate_command(argv):
   """`rljax ablate ARGV`: every step of the experiment file over the seeds, and the report."""
-  args = _ablate_parser().parse_args(argv)
+  args, options = _or_exit("rljax ablate", _ablate_args, argv)
   plan = _or_exit("rljax ablate", ablate_configs, argv)   # every step validated up front
   if args.check:
     lines = []
@@ -196,10 +188,7 @@ def ablate_command(argv):
                      f"({len(plan) // len(seeds)} steps x seeds {seeds})", *lines,
                      "nothing was trained or written"]))
     return plan
-
-  sets = typed_overrides(dict(split_set(item) for item in args.set))
-  report = run_ablation(args.experiment, out_dir=args.out, seeds=parse_seeds(args.seeds),
-                        overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()])
+  report = run_ablation(args.experiment, **options)
   print(f"report: {report}")
   return report
 

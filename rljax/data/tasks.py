@@ -147,6 +147,13 @@ class Task:
     options = dict(self.options, **{key: 1.0}) if worked and key else self.options
     return self.spec.demonstration(prompt, **options)
 
+  def worked(self, completion: str) -> float:
+    """1.0 when the completion uses the task's worked mode (arithmetic: a scratchpad line
+    before the answer; calculator: a tool call), else 0.0; NaN for a task without one."""
+    if self.spec.worked is None:
+      return float("nan")
+    return float(self.spec.worked(completion))
+
   def score(self, prompt: Prompt, completion: str) -> RewardBreakdown:
     """Rule-based reward: accuracy (first answer block correct) and format (well formed).
 
@@ -169,6 +176,7 @@ class TaskSpec:
   completion_len: Callable  # (difficulty, **options) -> max demonstration tokens
   tags: tuple = ()  # extra CharTokenizer tags the task writes (one token each)
   observation_re: object = None  # compiled regex: demonstration spans an environment writes
+  worked: Callable | None = None  # (completion) -> bool: it uses the worked mode
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -239,12 +247,14 @@ def _arith_completion_len(d, *, digits=1, ops="+-", **_):
 # ---------------------------------------------------------------- registry
 TASKS: dict[str, TaskSpec] = {
   "arithmetic": TaskSpec(_arith_generate, _arith_demo, _arith_check, _arith_prompt_len,
-                         _arith_completion_len),
+                         _arith_completion_len,
+                         worked=lambda text: "=" in text.split("<answer>")[0]),
   "countdown": TaskSpec(cd.generate, cd.demonstration, cd.check, cd.prompt_len,
                         cd.completion_len),
   "calculator": TaskSpec(calc.generate, calc.demonstration, calc.check, calc.prompt_len,
                          calc.completion_len, tags=calc.TAGS,
-                         observation_re=calc.OBSERVATION_RE),
+                         observation_re=calc.OBSERVATION_RE,
+                         worked=lambda text: "<call>" in text),
 }
 
 RECOMMENDED_DIFFICULTY = {"arithmetic": (1, 3), "countdown": (2, 3)}

@@ -9,10 +9,10 @@ bucket. The design follows JetStream's (AI-Hypercomputer/JetStream) `prefill` / 
 `generate` slot API and tpu-inference's (vllm-project/tpu-inference) "decode until a slot
 frees, then refill" loop, written as one on-device loop.
 
-A request's tokens depend only on its own index r: its step t reads the uniform
-`row_uniforms(fold_in(rng, t), R)[r]`, exactly as row r of the static sampler
-(`rljax.sampling.sampler`) does, so the same request gives the same tokens and
-log-probs whichever slot it ran in, and in either sampler (up to float summation order).
+A request's tokens depend only on its own stream: its step t reads the uniform of
+`filters.stream_uniforms` for its stream, exactly as the same row of the static sampler
+(`rljax.sampling.sampler`) does, so the same request gives the same tokens and log-probs
+whichever slot it ran in, and in either sampler (up to float summation order).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from rljax.sampling.decode import (
   spec_and_scalars,
   split_for_sampling,
 )
-from rljax.sampling.filters import row_uniforms, sample_tokens
+from rljax.sampling.filters import default_streams, sample_tokens, stream_uniforms
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
 
@@ -85,8 +85,8 @@ def _write_slot(cache: KVCache, buf: _Prefilled, s):
   return KVCache(tuple(map(put, cache.k, buf.k)), tuple(map(put, cache.v, buf.v)))
 
 
-def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng, scalars_3,
-              *, spec, slots: int, total_requests: int, share_prefill: bool) -> Decoded:
+def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng, scalars_3,
+              *, spec, slots: int, share_prefill: bool) -> Decoded:
   """Decodes R rows (requests) through `slots` slots; the body of the sampler's program.
 
   With slots < R, requests wait in a queue and are inserted as slots free. With slots ≥ R
@@ -100,16 +100,15 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
     tokens_rw, mask_rw: int [R, W] the requests' prompts, left-padded (a prompt repeated
       for its n samples).
     prompt_id_r: int [R]; consecutive requests with the same id share one prefill.
-    request_id_r: int [R], each request's global index: its draws are the static sampler's
-      for that row (`row_uniforms(fold_in(rng, t), total_requests)[request_id]`).
+    streams_r2: int32 [R, 2], each request's random stream: its draws are the static
+      sampler's for that stream (`filters.stream_uniforms`).
     num_rows: the first `num_rows` rows are real (the rest stay empty).
   Returns:
     `Decoded` with R rows.
   """
   requests = tokens_rw.shape[0]
-  m = _Machinery(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng,
-                 scalars_3, spec=spec, total_requests=total_requests,
-                 share_prefill=share_prefill)
+  m = _Machinery(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
+                 scalars_3, spec=spec, share_prefill=share_prefill)
   if slots >= requests:
     carry, size = m.resident(), requests // 2
   else:
@@ -128,10 +127,10 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rn
 class _Machinery:
   """The pieces of the slot loop over one set of requests (see `slot_loop`)."""
 
-  def __init__(self, model, tokens_rw, mask_rw, prompt_id_r, request_id_r, num_rows, rng,
-               scalars_3, *, spec, total_requests, share_prefill):
+  def __init__(self, model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
+               scalars_3, *, spec, share_prefill):
     self.model, self.tokens_rw, self.mask_rw = model, tokens_rw, mask_rw
-    self.prompt_id_r, self.request_id_r, self.num_rows = prompt_id_r, request_id_r, num_rows
+    self.prompt_id_r, self.num_rows = prompt_id_r, num_rows
     self.spec, self.share_prefill = spec, share_prefill
     self.requests, self.width = tokens_rw.shape
     self.t_max = spec.max_new_tokens
@@ -141,15 +140,14 @@ class _Machinery:
         top_k=spec.top_k, top_p=scalars_3[1] if spec.use_top_p else None,
         min_p=scalars_3[2] if spec.use_min_p else None)
     if not spec.greedy:   # the static sampler's draws: step t of request r reads [t, r]
-      self.uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t),
-                                                        total_requests))(jnp.arange(self.t_max))
+      self.uniform_tr = stream_uniforms(rng, streams_r2, self.t_max)
 
   def sample(self, logits_sv, step_s, row_s):
     if self.spec.greedy:
       return self.draw(logits_sv, uniform_b=None)
-    global_s = self.request_id_r[jnp.clip(row_s, 0, self.requests - 1)]
+    request_s = jnp.clip(row_s, 0, self.requests - 1)
     return self.draw(logits_sv,
-                     uniform_b=self.uniform_tr[jnp.clip(step_s, 0, self.t_max - 1), global_s])
+                     uniform_b=self.uniform_tr[jnp.clip(step_s, 0, self.t_max - 1), request_s])
 
   def record(self, out, row_s, step_s, tok_s, logp_s, logp_full_s, live_s, truncated_s):
     """Writes column step_s of rows row_s where live_s (the others are dropped)."""
@@ -279,33 +277,33 @@ def _compact(sl: _Slots, size: int) -> _Slots:
                 prompt_mask=take(sl.prompt_mask), birth=take(sl.birth), clock=sl.clock)
 
 
-def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, num_rows, rng, scalars_3, *,
-                spec, slots: int, share_prefill: bool, mesh=None) -> Decoded:
+def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
+                scalars_3, *, spec, slots: int, share_prefill: bool, mesh=None) -> Decoded:
   """The slot loop as one program; with a mesh, one independent loop per batch shard
   (`shard_map`: each shard decodes its own rows through slots / shards slots)."""
   buckets._note_trace()
   total = tokens_rw.shape[0]
   request_id = jnp.arange(total, dtype=jnp.int32)
-  kwargs = dict(spec=spec, total_requests=total, share_prefill=share_prefill)
+  kwargs = dict(spec=spec, share_prefill=share_prefill)
   if mesh is None:
-    return slot_loop(nnx.merge(graphdef, state), tokens_rw, mask_rw, prompt_id_r, request_id,
+    return slot_loop(nnx.merge(graphdef, state), tokens_rw, mask_rw, prompt_id_r, streams_r2,
                      num_rows, rng, scalars_3, slots=slots, **kwargs)
   axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
   shards = math.prod(mesh.shape[a] for a in axes)
   rows = P(axes)
   per_shard = total // shards
 
-  def local(state, tokens, mask, prompt_id, request_id, num_rows, rng, scalars_3):
+  def local(state, tokens, mask, prompt_id, streams, request_id, num_rows, rng, scalars_3):
     first = request_id[0]
     real = jnp.clip(num_rows - first, 0, per_shard)
-    return slot_loop(nnx.merge(graphdef, state), tokens, mask, prompt_id, request_id, real,
+    return slot_loop(nnx.merge(graphdef, state), tokens, mask, prompt_id, streams, real,
                      rng, scalars_3, slots=slots // shards, **kwargs)
   state_spec = jax.tree.map(lambda _: P(), state)
   out_spec = Decoded(*([rows] * 5))
   return jax.shard_map(local, mesh=mesh,
-                       in_specs=(state_spec, rows, rows, rows, rows, P(), P(), P()),
+                       in_specs=(state_spec, rows, rows, rows, rows, rows, P(), P(), P()),
                        out_specs=out_spec, check_vma=False)(
-      state, tokens_rw, mask_rw, prompt_id_r, request_id, num_rows, rng, scalars_3)
+      state, tokens_rw, mask_rw, prompt_id_r, streams_r2, request_id, num_rows, rng, scalars_3)
 
 
 _continuous_jit = jax.jit(_continuous, static_argnums=(0,),
@@ -314,7 +312,7 @@ _continuous_jit = jax.jit(_continuous, static_argnums=(0,),
 
 def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng, slots: int,
                     num_rows=None, share_prefill: bool = True, pad_id: int = 0,
-                    sampler_dtype=None, mesh=None) -> Decoded:
+                    sampler_dtype=None, mesh=None, streams=None) -> Decoded:
   """The continuous-batching counterpart of `rljax.sampling.generate_rows`: prompt rows
   already repeated (each prompt's `sampling.n` samples consecutive), padded and placed.
 
@@ -324,6 +322,8 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
     num_rows: the first `num_rows` rows are real (default R).
     share_prefill: rows r with the same r // n share one prefill.
     mesh: rows sharded over its batch axes; each shard runs its own slot loop.
+    streams: int32 [R, 2], each row's random stream, placed like the rows (default
+      (r // n, r % n), as `generate_rows`).
   Returns:
     `Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
@@ -331,10 +331,13 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   total = tokens_rw.shape[0]
   prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n
+  if streams is None:
+    streams = default_streams(total, sampling.n)
   if mesh is not None:
     prompt_id = jax.device_put(prompt_id, batch_sharding(mesh))
+    streams = jax.device_put(streams, batch_sharding(mesh))
   num = total if num_rows is None else num_rows
-  return _continuous_jit(graphdef, state, tokens_rw, mask_rw, prompt_id,
+  return _continuous_jit(graphdef, state, tokens_rw, mask_rw, prompt_id, streams,
                          jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec,
                          slots=int(slots), share_prefill=share_prefill, mesh=mesh)
 

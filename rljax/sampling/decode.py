@@ -3,9 +3,9 @@ tests, parameter preparation and row placement.
 
 `rljax.sampling.sampler` (the static sampler), `rljax.sampling.continuous` (continuous
 batching) and `rljax.sampling.multiturn` (episodes with environment turns) build their
-programs from these pieces. Step t draws one uniform per row from `fold_in(rng, t)` (row b
-reads index b of that draw), so results do not depend on batch padding or sharding
-(partitionable threefry).
+programs from these pieces. Row r's t-th draw reads a uniform of its own stream
+(`filters.stream_uniforms`: (prompt, sample index) by default), so results do not depend on
+batch padding, sharding or the row's position.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from flax import nnx
 
 from rljax.models import positions_from_mask
 from rljax.parallel import BATCH_AXES, state_shardings
-from rljax.sampling.filters import row_uniforms, sample_tokens
+from rljax.sampling.filters import sample_tokens, stream_uniforms
 from rljax.sampling.params import SamplingParams
 
 
@@ -57,11 +57,12 @@ def spec_and_scalars(sampling: SamplingParams, pad_id: int, group: int = 1):
   return spec, scalars
 
 
-def step_sampler(spec: DecodeSpec, scalars_3, rng, rows: int):
-  """Returns step(t, logits_rv) -> (tokens, logp, logp_full), drawing with fold_in(rng, t).
+def step_sampler(spec: DecodeSpec, scalars_3, rng, streams_r2):
+  """Returns step(t, logits_rv) -> (tokens, logp, logp_full); row r draws from its stream.
 
   The uniforms of all T steps (T·R values) are drawn before the loop in one vectorised
-  call; step t reads `row_uniforms(fold_in(rng, t), R)`, so a longer run extends a shorter one.
+  call (`stream_uniforms`); draw t of a row depends only on (rng, its stream, t), so a
+  longer run extends a shorter one.
   """
   draw = functools.partial(
       sample_tokens, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
@@ -69,8 +70,7 @@ def step_sampler(spec: DecodeSpec, scalars_3, rng, rows: int):
       min_p=scalars_3[2] if spec.use_min_p else None)
   if spec.greedy:
     return lambda t, logits_rv: draw(logits_rv, None)
-  steps = jnp.arange(spec.max_new_tokens)
-  uniform_tr = jax.vmap(lambda t: row_uniforms(jax.random.fold_in(rng, t), rows))(steps)
+  uniform_tr = stream_uniforms(rng, streams_r2, spec.max_new_tokens)
   return lambda t, logits_rv: draw(
       logits_rv, None, uniform_b=jax.lax.dynamic_index_in_dim(uniform_tr, t, keepdims=False))
 

@@ -16,8 +16,9 @@ loops the host calls the environments of the rows that ended a turn; a decode lo
 back control as soon as at least as many rows wait for their environment as still
 generate, so neither waiting nor finished rows hold the others back for long.
 
-Randomness: the k-th sampled token of row r reads `row_uniforms(fold_in(rng, k), R)[r]`,
-so a row's draws do not depend on how the turns of other rows were scheduled.
+Randomness: the k-th sampled token of row r reads draw k of the row's stream
+(`filters.stream_uniforms_at`), so a row's draws do not depend on how the turns of other
+rows were scheduled, and match the static sampler's for the same stream.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from rljax.models import KVCache
 from rljax.sampling import buckets
 from rljax.sampling.decode import is_stop, split_for_sampling
-from rljax.sampling.filters import row_uniforms, sample_tokens
+from rljax.sampling.filters import default_streams, sample_tokens, stream_uniforms_at
 
 GENERATING, WAITING, FINISHED = 0, 1, 2
 # why a row stopped generating: its episode-ending stop token (EOS), a turn stop (a tool
@@ -72,9 +74,10 @@ class TurnState(NamedTuple):
   mask: jax.Array         # [B, T] 1 on sampled ids
   logp: jax.Array         # [B, T] sampler log-prob of sampled ids, 0 elsewhere
   logp_full: jax.Array    # [B, T]
+  streams: jax.Array      # [B, 2] each row's random stream (filters.stream_uniforms)
 
 
-def _draw(spec, scalars_3, rng, rows, logits_bv, k_b):
+def _draw(spec, scalars_3, rng, streams_b2, logits_bv, k_b):
   """Sample one token per row with draw index k_b (the row's sampled-token count)."""
   draw = functools.partial(
       sample_tokens, key=None, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
@@ -82,10 +85,8 @@ def _draw(spec, scalars_3, rng, rows, logits_bv, k_b):
       min_p=scalars_3[2] if spec.use_min_p else None)
   if spec.greedy:
     return draw(logits_bv, uniform_b=None)
-  # row b's k-th draw: row_uniforms(fold_in(rng, k), rows)[b], as the static sampler's row b
-  u = jax.vmap(lambda k, b: row_uniforms(jax.random.fold_in(rng, k), rows)[b])(
-      k_b, jnp.arange(logits_bv.shape[0]))
-  return draw(logits_bv, uniform_b=u)
+  # row b's k-th draw of its stream, as the static sampler's row with that stream
+  return draw(logits_bv, uniform_b=stream_uniforms_at(rng, streams_b2, k_b))
 
 
 def _ends_turn(tokens_bt, cursor_b, turn_start_b, turn_stops):
@@ -122,7 +123,8 @@ def _accept(spec, st: TurnState, tok, logp, logp_full, rows):
   return st._replace(phase=jnp.where(rows, phase, st.phase), end=jnp.where(rows, end, st.end))
 
 
-def _start(graphdef, state, tokens_bw, mask_bw, reset_bm, reset_len_b, rng, scalars_3, *,
+def _start(graphdef, state, tokens_bw, mask_bw, reset_bm, reset_len_b, streams_b2, rng,
+           scalars_3, *,
            spec: TurnSpec):
   """Prefill prompt + reset observation (completion columns [0, m0)), first draw."""
   buckets._note_trace()
@@ -151,8 +153,8 @@ def _start(graphdef, state, tokens_bw, mask_bw, reset_bm, reset_len_b, rng, scal
                  turn_start=reset_len_b.astype(jnp.int32), phase=jnp.zeros((b,), jnp.int32),
                  end=jnp.zeros((b,), jnp.int32), tokens=tokens.astype(jnp.int32),
                  mask=jnp.zeros((b, t), jnp.int32), logp=jnp.zeros((b, t), jnp.float32),
-                 logp_full=jnp.zeros((b, t), jnp.float32))
-  tok, logp, logp_full = _draw(spec, scalars_3, rng, b, logits, st.sampled)
+                 logp_full=jnp.zeros((b, t), jnp.float32), streams=streams_b2)
+  tok, logp, logp_full = _draw(spec, scalars_3, rng, st.streams, logits, st.sampled)
   return _accept(spec, st, tok, logp, logp_full, jnp.ones((b,), bool))
 
 
@@ -179,7 +181,7 @@ def _decode(graphdef, state, st: TurnState, rng, scalars_3, *, spec: TurnSpec):
     logits, cache = model.forward_cached(
         token, positions=(st.prompt_len + last)[:, None], cache=st.cache, start=w + last,
         kv_mask=kv_mask, **fused)
-    tok, logp, logp_full = _draw(spec, scalars_3, rng, b, logits[:, 0], st.sampled)
+    tok, logp, logp_full = _draw(spec, scalars_3, rng, st.streams, logits[:, 0], st.sampled)
     return _accept(spec, st._replace(cache=cache), tok, logp, logp_full, live)
 
   return jax.lax.while_loop(cond, body, st)
@@ -225,7 +227,7 @@ def _extend(graphdef, state, st: TurnState, obs_bm, obs_len_b, resume_b, finish_
   st = st._replace(cache=cache, tokens=tokens, cursor=cursor,
                    turn_start=jnp.where(resume_b, cursor, st.turn_start),
                    phase=jnp.where(finish_b, FINISHED, st.phase))
-  tok, logp, logp_full = _draw(spec, scalars_3, rng, b, logits, st.sampled)
+  tok, logp, logp_full = _draw(spec, scalars_3, rng, st.streams, logits, st.sampled)
   return _accept(spec, st, tok, logp, logp_full, resume_b)
 
 
@@ -241,16 +243,17 @@ class TurnSampler:
 
   def __init__(self, model, *, spec: TurnSpec, temperature=1.0, top_p=1.0, min_p=0.0,
                sampler_dtype=None):
-    import numpy as np
-
     self.graphdef, self.state = split_for_sampling(model, sampler_dtype)
     self.spec = spec
     self.scalars = jnp.asarray(np.asarray([temperature if temperature > 0 else 1.0, top_p,
                                            min_p], np.float32))
 
-  def start(self, tokens_bw, mask_bw, reset_bm, reset_len_b, rng):
+  def start(self, tokens_bw, mask_bw, reset_bm, reset_len_b, rng, streams=None):
+    """The episodes' first turn up to their first draw; `streams` int32 [B, 2] (default
+    (row, 0): each row its own prompt)."""
+    streams = default_streams(tokens_bw.shape[0]) if streams is None else jnp.asarray(streams)
     return _start_jit(self.graphdef, self.state, tokens_bw, mask_bw, reset_bm, reset_len_b,
-                      rng, self.scalars, spec=self.spec)
+                      streams, rng, self.scalars, spec=self.spec)
 
   def decode(self, st, rng):
     return _decode_jit(self.graphdef, self.state, st, rng, self.scalars, spec=self.spec)

@@ -26,15 +26,17 @@ from rljax.sampling.decode import (
   split_for_sampling,
   step_sampler,
 )
+from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
 
 
-def _decode(graphdef, state, tokens_rp, mask_rp, rng, scalars_3, *, spec: DecodeSpec) -> Decoded:
+def _decode(graphdef, state, tokens_rp, mask_rp, streams_r2, rng, scalars_3, *,
+            spec: DecodeSpec) -> Decoded:
   """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
   buckets._note_trace()
   model = nnx.merge(graphdef, state)
-  step = step_sampler(spec, scalars_3, rng, tokens_rp.shape[0])
+  step = step_sampler(spec, scalars_3, rng, streams_r2)
   return decode_segments(model, tokens_rp, mask_rp, step, spec)[3]
 
 
@@ -44,7 +46,7 @@ _decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec",))
 def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: SamplingParams,
              rng: jax.Array, pad_id: int = 0, sampler_dtype: Any = None, mesh=None,
              prompt_bucket: Any = "pow2", batch_bucket: Any = "pow2",
-             share_prefill: bool = False) -> Rollout:
+             share_prefill: bool = False, streams=None) -> Rollout:
   """Samples `sampling.n` completions per prompt with a KV cache, as one compiled program.
 
   Prefills the left-padded prompt batch (each prompt repeated n times), then decodes
@@ -68,6 +70,9 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       None for exact shapes); one program is compiled per bucket.
     share_prefill: prefill each prompt once for its n samples (same cache, n-fold less
       prefill compute).
+    streams: int [B*n, 2], the random stream of each completion (`filters.stream_uniforms`);
+      default (prompt index, sample index), so sample j of prompt b draws the same numbers
+      whatever n, the batch or its padding.
   Returns:
     `Rollout` with B*n rows (padding rows dropped), T = max_new_tokens columns.
   """
@@ -83,8 +88,12 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
   graphdef, state = split_for_sampling(model, sampler_dtype)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, group)
+  streams_r2 = default_streams(r, n) if streams is None else jnp.concatenate(
+      [jnp.asarray(streams, jnp.int32), default_streams(r, n)[rows:]])
   tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
-  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
+  if mesh is not None:
+    streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
+  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, streams_r2, rng, scalars_3, spec=spec)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
@@ -96,7 +105,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
 
 def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *,
                   sampling: SamplingParams, rng: jax.Array, pad_id: int = 0,
-                  sampler_dtype: Any = None, share_prefill: bool = False):
+                  sampler_dtype: Any = None, share_prefill: bool = False, streams=None):
   """`generate` for prompt rows the caller has already repeated, padded and placed.
 
   For global arrays that span processes (multi-host: each process built only its own
@@ -110,11 +119,15 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
     mask_rw: int32 [R, W], 1 on real tokens.
     share_prefill: rows come in groups of `sampling.n` copies of one prompt (R a multiple
       of n): prefill each group once.
+    streams: int32 [R, 2], each row's random stream, placed like the rows (default
+      (r // n, r % n), as `generate`).
   Returns:
     NamedTuple (tokens, mask, logp, logp_full, truncated) of all R rows, as in `Rollout`.
   """
   graphdef, state = split_for_sampling(model, sampler_dtype)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
-  return _decode_jit(graphdef, state, tokens_rw, mask_rw, rng, scalars_3, spec=spec)
+  if streams is None:
+    streams = default_streams(tokens_rw.shape[0], sampling.n)
+  return _decode_jit(graphdef, state, tokens_rw, mask_rw, streams, rng, scalars_3, spec=spec)
 
 

@@ -54,6 +54,9 @@ def _run() -> ConfigDict:
   return ConfigDict(dict(
       dir="runs/default",      # run directory; resumes from it if it holds checkpoints
       seed=0,
+      # an extra salt of the sampling keys only: two runs with different streams share their
+      # SFT start, prompts and update keys but draw independent samples (an A/A control)
+      sample_stream=0,
       iterations=60,           # RL iterations (rollout + update)
       save_every=20,           # checkpoint every N iterations (0: only at the end)
       keep_checkpoints=3,      # keep the last K checkpoints
@@ -189,6 +192,10 @@ def _sampling() -> ConfigDict:
       max_observation_tokens=64,  # an observation is cut to this many tokens
       eval_n=4,                # samples per held-out prompt for pass@k / avg@k
       eval_temperature=1.0,
+      # pass@k for large k (powers of two up to eval_passk_n) on the first
+      # eval_passk_prompts held-out prompts, before and after RL (0: off)
+      eval_passk_n=0,
+      eval_passk_prompts=128,
   ))
 
 

@@ -13,6 +13,7 @@ import json
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS, estimator_kwargs
 from rljax.ops.policy_loss import policy_loss_spec
 from rljax.train.config.defaults import (
+    base_config,
     completion_columns,
     distill_teacher_dir,
     resolved_eval_sets,
@@ -37,7 +38,8 @@ from rljax.train.config.specs import (
 
 def run_spec(config) -> RunSpec:
   r = config.run
-  return RunSpec(dir=str(r.dir), seed=int(r.seed), iterations=int(r.iterations),
+  return RunSpec(dir=str(r.dir), seed=int(r.seed), sample_stream=int(r.sample_stream),
+                 iterations=int(r.iterations),
                  save_every=int(r.save_every), keep_checkpoints=int(r.keep_checkpoints),
                  eval_every=int(r.eval_every), max_nonfinite_in_row=int(r.max_nonfinite_in_row),
                  progress=bool(r.progress), plots=bool(r.plots), tensorboard=bool(r.tensorboard))
@@ -66,7 +68,8 @@ def rollout_spec(config) -> RolloutSpec:
       dynamic_sampling=bool(a.dynamic_sampling),
       max_rounds=int(a.dynamic_sampling_max_rounds) if a.dynamic_sampling else 1,
       greedy_baseline=a.advantage == "remax", eval_n=int(heldout["k"]),
-      eval_temperature=float(heldout["temperature"]), episodes=episode_spec(config),
+      eval_temperature=float(heldout["temperature"]), eval_passk_n=int(s.eval_passk_n),
+      eval_passk_prompts=int(s.eval_passk_prompts), episodes=episode_spec(config),
       eval_size=int(heldout["size"]))
 
 
@@ -170,13 +173,28 @@ def sft_cache_key(config, model_description: str) -> str:
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def heldout_key(config, model_description: str) -> str:
+  """Hash of everything the evaluation of the start depends on: the warm start, the task,
+  the sampling and evaluation settings (the named sets of `eval.sets` when any differ from
+  the base config), LoRA adapters (an unmerged adapter rounds differently) and the mesh;
+  not the RL fields."""
+  parts = {"start": sft_cache_key(config, model_description),
+           "sampling": config.sampling.to_dict(), "parallel": config.parallel.to_dict(),
+           "lora": [config.model.lora_rank, config.model.lora_alpha,
+                    list(config.model.lora_targets)], "format": 1}
+  if config.eval.to_dict() != base_config().eval.to_dict():   # named sets join the summary
+    parts["eval"] = resolved_eval_sets(config)
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def sft_spec(config, model_description: str) -> SFTSpec:
   f = config.sft
   return SFTSpec(steps=int(f.steps), batch_size=int(f.batch_size), lr=float(f.lr),
                  warmup_steps=int(f.warmup_steps), end_lr_fraction=float(f.end_lr_fraction),
                  worked_steps=int(f.worked_steps),
                  completion_len=int(f.max_len) or completion_columns(config),
-                 cache_dir=str(f.cache_dir), cache_key=sft_cache_key(config, model_description))
+                 cache_dir=str(f.cache_dir), cache_key=sft_cache_key(config, model_description),
+                 heldout_key=heldout_key(config, model_description))
 
 
 def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Specs:

@@ -19,6 +19,7 @@ class RunSpec:
 
   dir: str
   seed: int
+  sample_stream: int
   iterations: int
   save_every: int
   keep_checkpoints: int
@@ -64,6 +65,8 @@ class RolloutSpec:
   greedy_baseline: bool        # also a greedy rollout per prompt (ReMax's baseline)
   eval_n: int
   eval_temperature: float
+  eval_passk_n: int = 0
+  eval_passk_prompts: int = 0
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
 
@@ -228,6 +231,9 @@ class SFTSpec:
   completion_len: int
   cache_dir: str
   cache_key: str
+  # the held-out evaluation of the start, cached beside it (it depends on the start, the
+  # evaluation settings, the model's adapters and the mesh, not on the RL fields)
+  heldout_key: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -106,6 +106,12 @@ def _check_ranges(errors, c):
   _check(errors, a.gpg_f_norm > 0, f"algo.gpg_f_norm={a.gpg_f_norm} must be > 0")
   _check(errors, a.pf_ppo_power > 0, f"algo.pf_ppo_power={a.pf_ppo_power} must be > 0")
   _check(errors, s.n >= 1, f"sampling.n={s.n} must be >= 1")
+  _check(errors, s.eval_n >= 0, f"sampling.eval_n={s.eval_n} must be >= 0")
+  _check(errors, s.eval_passk_n == 0 or s.eval_passk_n > s.eval_n,
+         f"sampling.eval_passk_n={s.eval_passk_n} must be 0 (off) or > sampling.eval_n="
+         f"{s.eval_n}")
+  _check(errors, s.eval_passk_prompts >= 0,
+         f"sampling.eval_passk_prompts={s.eval_passk_prompts} must be >= 0 (0: all)")
   _check(errors, s.prompts_per_iteration >= 1,
          f"sampling.prompts_per_iteration={s.prompts_per_iteration} must be >= 1")
   for name in ("actor_lr", "critic_lr"):

@@ -4,6 +4,7 @@ sampling and ReMax's greedy baseline when the run asks for them."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -45,8 +46,8 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
 
   Args:
     rollouts: a `SingleTurn` or `Episodic` rollout.
-    draw_prompts: `draw_prompts(k) -> k prompts`.
-    rng_fn: `rng_fn() -> key`, a new sampling key per generation round.
+    draw_prompts: `draw_prompts(k, round) -> k prompts` (round 0, 1, ... of this iteration).
+    rng_fn: `rng_fn(round) -> key`, the sampling key of a generation round.
   Returns:
     (RolloutBatch of B = prompts·n rows in group-major order, stats dict)
   """
@@ -54,8 +55,9 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
   seconds = {"generate_s": 0.0, "score_s": 0.0}
   buffer = DynamicSamplingBuffer(spec.prompts_per_iteration, max_rounds=spec.max_rounds)
   zero_var = None
-  while True:
-    batch = rollouts.sample_and_score(model, draw_prompts(spec.prompts_per_iteration), rng_fn())
+  for round_ in itertools.count():
+    batch = rollouts.sample_and_score(model, draw_prompts(spec.prompts_per_iteration, round_),
+                                      rng_fn(round_))
     seconds = {k: v + batch.seconds[k] for k, v in seconds.items()}
     if zero_var is None:
       zero_var = zero_variance_fraction(batch.accuracy, n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 
 import jax
 import numpy as np
@@ -90,3 +91,19 @@ def score_texts(ctx: RolloutContext, prompts, texts):
     print(f"[rljax] reward {failure.component!r} failed on prompt {failure.prompt_id}: "
           f"{failure.kind}: {failure.message}")
   return np.asarray(rewards.total), dict(rewards.components), failed
+
+
+def prompt_stream(prompt) -> int:
+  """The random stream of a prompt: a 31-bit hash of its id (stable across runs, processes
+  and Python versions)."""
+  return zlib.crc32(str(prompt.id).encode()) & 0x7FFFFFFF
+
+
+def row_streams(prompts, n: int, rows: int) -> np.ndarray:
+  """int32 [rows, 2]: (prompt stream, sample index) of rows i < len(prompts)·n (sample
+  i % n of prompt i // n); padding rows get streams no prompt has."""
+  b = len(prompts) * n
+  streams = np.stack([np.full(rows, -1, np.int64), np.arange(rows)], axis=1)
+  streams[:b, 0] = np.repeat([prompt_stream(p) for p in prompts], n)
+  streams[:b, 1] = np.tile(np.arange(n), len(prompts))
+  return streams.astype(np.int32)

@@ -10,7 +10,6 @@ plus the sum of the environment's step rewards (`reward/env`).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 
 import jax
@@ -18,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.envs.chat import ChatSeam
-from rljax.ops.turns import turn_advantages
 from rljax.parallel import batch_sharding
 from rljax.sampling.multiturn import (
     END_LENGTH,
@@ -35,6 +33,7 @@ from rljax.train.rollout.context import (
     RolloutContext,
     batch_shards,
     encode_prompts,
+    row_streams,
     score_texts,
 )
 from rljax.train.rollout.environments import (
@@ -52,8 +51,10 @@ class _EpisodeLoop:
   """The host loop of one multi-turn rollout over B rows (prompts already repeated n times)."""
 
   def __init__(self, ctx: RolloutContext, prompts, factory, spec: TurnSpec,
-               episode: EpisodeSpec):
+               episode: EpisodeSpec, streams=None):
     self.ctx, self.prompts, self.factory, self.spec = ctx, prompts, factory, spec
+    self.streams = (np.stack([np.arange(len(prompts)), np.zeros(len(prompts))], 1)
+                    .astype(np.int32) if streams is None else streams)
     self.max_turns, self.max_obs = episode.max_turns, episode.max_observation_tokens
     self.runner = EnvRunner(episode.timeout)
     self.seam = None
@@ -137,7 +138,8 @@ class _EpisodeLoop:
     prompt_tokens, prompt_mask = encode_prompts(self.ctx, self.prompts)
     sampler = TurnSampler(model, spec=spec, temperature=s.temperature, top_p=s.top_p,
                           min_p=s.min_p)
-    st = sampler.start(put(prompt_tokens), put(prompt_mask), put(reset_bm), put(reset_len), rng)
+    st = sampler.start(put(prompt_tokens), put(prompt_mask), put(reset_bm), put(reset_len), rng,
+                       streams=put(self.streams))
     failed_at_reset = np.asarray([bool(e.status) for e in self.episodes])
     if failed_at_reset.any():   # an episode whose environment never started ends at once
       st = sampler.extend(st, put(np.zeros((b, 1), np.int32)), put(np.zeros((b,), np.int32)),
@@ -156,15 +158,17 @@ class _EpisodeLoop:
 
 
 def run_episodes(ctx: RolloutContext, model, prompts, rng, *, env_factory, spec: TurnSpec,
-                 episode: EpisodeSpec):
+                 episode: EpisodeSpec, streams=None):
   """Samples one episode per row (prompts already repeated n times).
 
   Returns:
     (rows, episodes): NumPy rows of the rollout layout (prompt_tokens, prompt_mask [B, P];
     tokens, mask (sampled ids), sampler_logp [B, T]; extent [B] = completion columns incl.
     observations) and the `Episode` record of each row.
+  Args:
+    streams: int32 [B, 2], each row's random stream (default (row, 0)).
   """
-  loop = _EpisodeLoop(ctx, prompts, env_factory, spec, episode)
+  loop = _EpisodeLoop(ctx, prompts, env_factory, spec, episode, streams)
   st, prompt_tokens, prompt_mask = loop.run(model, rng)
   rows = {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask,
           "tokens": np.asarray(st.tokens), "mask": np.asarray(st.mask),
@@ -200,7 +204,8 @@ class Episodic:
     spec = self.turn._replace(greedy=bool(sampling.greedy), top_k=int(sampling.top_k),
                               use_top_p=sampling.top_p < 1.0, use_min_p=sampling.min_p > 0.0)
     out, episodes = run_episodes(self.ctx.replace(sampling=sampling), model, rows, rng,
-                                 env_factory=self.factory, spec=spec, episode=self.episode)
+                                 env_factory=self.factory, spec=spec, episode=self.episode,
+                                 streams=row_streams(prompts, n, len(rows)))
     batch = self._score(rows, episodes, out)
     sharding = (batch_sharding(self.ctx.mesh)
                 if self.ctx.mesh is not None and len(rows) % batch_shards(self.ctx.mesh) == 0
@@ -240,84 +245,3 @@ class Episodic:
         components={"env": env_reward, **components}, episodes=records)
 
 
-def turn_inputs(episodes, mask):
-  """The per-turn rewards of `rljax.ops.turns.turn_advantages` from the episode records.
-
-  Turn k's step reward sits on its last sampled token; a last turn that never reached the
-  environment (sampled tokens after the last answered turn: the budget ran out mid-turn)
-  is a turn of its own with step reward 0. A turn whose environment call failed has
-  reward 0.
-
-  Args:
-    mask: the sampled tokens, [B, T].
-  Returns:
-    (turn_rewards float32 [B, K], turn_mask [B, K], token_turn int32 [B, T]) as NumPy.
-  """
-  mask = np.asarray(mask) > 0
-  b, columns = mask.shape
-  ends_of = []
-  for i, ep in enumerate(episodes):
-    ends = list(ep.turn_ends)
-    if not ends or mask[i, ends[-1]:].any():
-      ends.append(columns)
-    ends_of.append(ends)
-  k = max(len(e) for e in ends_of)
-  rewards = np.zeros((b, k), np.float32)
-  exists = np.zeros((b, k), np.float32)
-  token_turn = np.zeros((b, columns), np.int32)
-  for i, (ep, ends) in enumerate(zip(episodes, ends_of)):
-    step_rewards = list(ep.step_rewards)[:len(ep.turn_ends)]
-    rewards[i, :len(step_rewards)] = step_rewards
-    exists[i, :len(ends)] = 1.0
-    start = 0
-    for turn, end in enumerate(ends):
-      token_turn[i, start:end] = turn
-      start = end
-  return rewards, exists, token_turn
-
-
-def turn_logp_gap(episodes, sampler_logp, old_logp, mask) -> dict:
-  """Mean |sampler − trainer| log-prob gap of the sampled tokens of each turn index
-  (`mismatch/turn<k>_logp_gap`): token-in-token-out keeps it at float precision."""
-  gaps = {}
-  diff = np.abs(np.asarray(old_logp) - np.asarray(sampler_logp)) * (np.asarray(mask) > 0)
-  for i, ep in enumerate(episodes):
-    start = 0
-    for k, end in enumerate(ep.turn_ends + [diff.shape[1]]):
-      sel = np.asarray(mask[i, start:end]) > 0
-      if sel.any():
-        gaps.setdefault(k, []).append(float(diff[i, start:end][sel].mean()))
-      start = end
-  return {f"mismatch/turn{k}_logp_gap": float(np.mean(v)) for k, v in sorted(gaps.items())
-          if not math.isnan(np.mean(v))}
-
-
-_turn_advantages = jax.jit(turn_advantages, static_argnames=("gamma", "group_size"))
-
-
-def turn_reward_advantages(batch: RolloutBatch, inputs, gamma: float, group: int):
-  """`algo.turn_rewards`: per-token advantages from the episodes' per-turn rewards
-  (`rljax.ops.turns.turn_advantages`); the verifier's part of the (shaped) score sits on the
-  last turn; rows that are not `valid` get 0.
-
-  Args:
-    inputs: the update's inputs: `mask` [B, T], shaped `scores` [B], `valid` [B].
-  """
-  mask = np.asarray(inputs["mask"])
-  rewards, exists, token_turn = turn_inputs(batch.episodes.episodes, mask)
-  final = np.asarray(inputs["scores"]) - np.asarray(batch.components["env"])
-  adv = _turn_advantages(rewards, exists, token_turn, final.astype(np.float32), mask,
-                         gamma=gamma, group_size=group)
-  return adv * inputs["valid"][:, None]
-
-
-def episode_metrics(batch: RolloutBatch, upd, *, with_logp_gap: bool) -> dict:
-  """Turns, tools, terminations and the per-turn sampler-trainer log-prob gap of a
-  multi-turn batch ({} for single-turn rows)."""
-  if batch.episodes is None:
-    return {}
-  metrics = dict(batch.episodes.metrics)
-  if with_logp_gap:
-    metrics.update(turn_logp_gap(batch.episodes.episodes, np.asarray(upd["sampler_logp"]),
-                                 np.asarray(upd["old_logp"]), np.asarray(upd["completion_mask"])))
-  return metrics

@@ -48,12 +48,21 @@ def eval_context(ctx: RolloutContext, task, prompts, reward_fn, *, budget: int,
                      sampling=ctx.sampling.replace(max_new_tokens=budget))
 
 
+GREEDY_KEYS = ("accuracy", "format", "response_length_mean", "tool_use")
+
+
 def evaluate_sets(sets, model, rng) -> dict:
-  """Every set's `evaluate` metrics as `{"<name>/<metric>": value}` (greedy accuracy when
-  the set asks for it, avg@k and pass@1..k of its k samples at its temperature)."""
+  """Every set's `evaluate` metrics as `{"<name>/<metric>": value}`: avg@k and pass@1..k of
+  its k samples at its temperature, and the greedy completion's accuracy, format and length
+  when the set asks for them.
+
+  Note: `evaluate` decodes the greedy completion either way; a set with `greedy=False`
+  leaves its keys out.
+  """
   out = {}
   for i, s in enumerate(sets):
     metrics = evaluate(s.rollouts, model, list(s.prompts), jax.random.fold_in(rng, i + 1),
-                       n=s.spec.k, temperature=s.spec.temperature, greedy=s.spec.greedy)
-    out.update({f"{s.spec.name}/{k}": v for k, v in metrics.items()})
+                       n=s.spec.k, temperature=s.spec.temperature)
+    out.update({f"{s.spec.name}/{k}": v for k, v in metrics.items()
+                if s.spec.greedy or k not in GREEDY_KEYS})
   return out

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy accuracy, avg@k and unbiased pass@k for k = 1..n."""
+"""Held-out evaluation: greedy accuracy, avg@n, unbiased pass@k, and the per-prompt
+results an ablation pairs by prompt."""
 
 from __future__ import annotations
 
@@ -7,44 +8,92 @@ import numpy as np
 
 from rljax.ops.stats import pass_at_k
 
+# pass@k reported from the large-k subset (powers of two above the main sample count)
+_PASSK_CHUNK_ROWS = 2048
 
-def evaluate(rollouts, model, prompts, rng, *, n, temperature, batch_size=256, greedy=True):
-  """Scores `model` on `prompts` with the run's rollouts (single-turn or episodic).
 
-  Args:
-    greedy: also score the greedy completions (`accuracy`, `format`, lengths, tool use);
-      False: the n samples only (a named set of `eval.sets` may skip them).
-  Returns:
-    dict with `accuracy` (greedy), `avg@n` (mean accuracy of n samples), `pass@k` for
-    k = 1..n (Chen et al. 2021, arXiv:2107.03374, Eq. 1, unbiased), `format`,
-    `response_length_mean`, and `tool_use` (multi-turn: share of greedy episodes that
-    called a tool).
-  """
-  greedy_sampling = rollouts.ctx.sampling.replace(greedy=True, n=1)
+def _pass_at(n, correct_counts, k) -> float:
+  return float(np.mean(np.asarray(pass_at_k(n, np.asarray(correct_counts), k))))
+
+
+def _greedy_and_sampled(rollouts, model, prompts, rng, n, temperature, batch_size):
+  """(greedy correct [N], sampled correct counts [N] of n, format [N], lengths [N], tool use
+  [N] or None) over `prompts`, in chunks of `batch_size` prompts."""
+  greedy = rollouts.ctx.sampling.replace(greedy=True, n=1)
   sampled = rollouts.ctx.sampling.replace(n=n, temperature=temperature)
   acc, fmt, lengths, correct, tools = [], [], [], [], []
   keys = jax.random.split(rng, (len(prompts) + batch_size - 1) // batch_size)
   for i, start in enumerate(range(0, len(prompts), batch_size)):
     chunk = prompts[start:start + batch_size]
-    if greedy:
-      batch = rollouts.sample_and_score(model, chunk, keys[i], sampling=greedy_sampling)
-      acc.append(batch.accuracy)
-      fmt.append(batch.format)
-      lengths.append(batch.lengths)
-      tools.append(batch.tool_use())
+    batch = rollouts.sample_and_score(model, chunk, keys[i], sampling=greedy)
+    acc.append(batch.accuracy)
+    fmt.append(batch.format)
+    lengths.append(batch.lengths)
+    tools.append(batch.tool_use())
     if n > 0:
       batch = rollouts.sample_and_score(model, chunk, keys[i], sampling=sampled)
-      correct.append(np.asarray(batch.accuracy).reshape(-1, n))
-  out = {}
-  if greedy:
-    out = {"accuracy": float(np.mean(np.concatenate(acc))),
-           "format": float(np.mean(np.concatenate(fmt))),
-           "response_length_mean": float(np.mean(np.concatenate(lengths)))}
-  if tools and all(t is not None for t in tools):
-    out["tool_use"] = float(np.mean(np.concatenate(tools)))
+      correct.append(np.asarray(batch.accuracy).reshape(-1, n).sum(axis=1))
+  tool_use = np.concatenate(tools) if tools and all(t is not None for t in tools) else None
+  counts = np.concatenate(correct) if correct else np.zeros(len(prompts), np.int64)
+  return (np.concatenate(acc), counts, np.concatenate(fmt), np.concatenate(lengths), tool_use)
+
+
+def _passk_counts(rollouts, model, prompts, rng, n, temperature):
+  """Correct counts [M] of n samples per prompt (the large-k subset), in chunks of rows."""
+  sampling = rollouts.ctx.sampling.replace(n=n, temperature=temperature)
+  per_chunk = max(1, _PASSK_CHUNK_ROWS // n)
+  counts = []
+  for i, start in enumerate(range(0, len(prompts), per_chunk)):
+    batch = rollouts.sample_and_score(model, prompts[start:start + per_chunk],
+                                      jax.random.fold_in(rng, i), sampling=sampling)
+    counts.append(np.asarray(batch.accuracy).reshape(-1, n).sum(axis=1))
+  return np.concatenate(counts)
+
+
+def evaluate_per_prompt(rollouts, model, prompts, rng, *, n, temperature, passk_n=0,
+                        passk_prompts=0, batch_size=256):
+  """Scores `model` on `prompts` with the run's rollouts (single-turn or episodic).
+
+  Every prompt's samples draw from (prompt, sample index) streams, so two policies are
+  compared on the same prompts with the same sampling noise (the paired evaluation of an
+  ablation).
+
+  Args:
+    n: samples per prompt for avg@n and pass@k, k <= n (Chen et al. 2021, arXiv:2107.03374,
+      Eq. 1, unbiased).
+    passk_n: samples per prompt of the large-k subset (0: off): pass@k for the powers of
+      two n < k <= passk_n on the first `passk_prompts` prompts (the narrowing of pass@large-k
+      under RL, Yue et al. 2025, arXiv:2504.13837).
+  Returns:
+    (summary, per_prompt): summary has `accuracy` (greedy), `avg@n`, `pass@k`, `format`,
+    `response_length_mean`, and `tool_use` (multi-turn: share of greedy episodes that called
+    a tool); per_prompt has `greedy_correct` [N], `correct` [N] (of n), `passk_correct` [M]
+    (of passk_n) as NumPy.
+  """
+  greedy, counts, fmt, lengths, tool_use = _greedy_and_sampled(
+      rollouts, model, prompts, rng, n, temperature, batch_size)
+  out = {"accuracy": float(np.mean(greedy)), "format": float(np.mean(fmt)),
+         "response_length_mean": float(np.mean(lengths))}
+  if tool_use is not None:
+    out["tool_use"] = float(np.mean(tool_use))
+  per_prompt = {"greedy_correct": np.asarray(greedy, np.float32), "correct": counts}
   if n > 0:
-    c = np.concatenate(correct).sum(axis=1)
-    out[f"avg@{n}"] = float(np.mean(c) / n)
+    out[f"avg@{n}"] = float(np.mean(counts) / n)
     for k in range(1, n + 1):
-      out[f"pass@{k}"] = float(np.mean(np.asarray(pass_at_k(n, c, k))))
-  return out
+      out[f"pass@{k}"] = _pass_at(n, counts, k)
+  if passk_n > n:
+    subset = prompts[:passk_prompts or len(prompts)]
+    large = _passk_counts(rollouts, model, subset, jax.random.fold_in(rng, 0x9A55), passk_n,
+                          temperature)
+    per_prompt["passk_correct"] = large
+    k = 2 ** (int(np.log2(max(n, 1))) + 1)
+    while k <= passk_n:
+      out[f"pass@{k}"] = _pass_at(passk_n, large, k)
+      k *= 2
+  return out, per_prompt
+
+
+def evaluate(rollouts, model, prompts, rng, *, n, temperature, batch_size=256):
+  """The summary of `evaluate_per_prompt` (without the large-k subset)."""
+  return evaluate_per_prompt(rollouts, model, prompts, rng, n=n, temperature=temperature,
+                             batch_size=batch_size)[0]

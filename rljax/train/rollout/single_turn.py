@@ -25,6 +25,7 @@ from rljax.train.rollout.context import (
     batch_shards,
     encode_prompts,
     row_layout,
+    row_streams,
     score_texts,
 )
 
@@ -79,13 +80,16 @@ class SingleTurn:
         tokens, mask, rows=len(local), width=width, pad_id=pad_id)
     # The sampler's own prompt bucket and pad id, as `generate` uses them.
     rows_in = map(put, pad(buckets.round_up(p, "pow2"), 0))
+    # each row draws from (its prompt, its sample index): common random numbers across runs
+    streams = put(row_streams(prompts, n, r)[local])
     if self.continuous:
       slots = decode_slots(self.slots, r, batch_shards(ctx.mesh))
       out = continuous_rows(model, *rows_in, sampling=sampling, rng=rng, slots=slots,
-                            num_rows=b, share_prefill=self.share_prefill, mesh=ctx.mesh)
+                            num_rows=b, share_prefill=self.share_prefill, mesh=ctx.mesh,
+                            streams=streams)
     else:
       out = generate_rows(model, *rows_in, sampling=sampling, rng=rng,
-                          share_prefill=self.share_prefill)
+                          share_prefill=self.share_prefill, streams=streams)
     prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
     return jax.device_put({
         "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,

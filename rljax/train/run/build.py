@@ -58,6 +58,11 @@ class Run:
   def ctx(self) -> RolloutContext:
     return self.rollouts.ctx
 
+  def heldout_prompts(self) -> list:
+    """The held-out prompts evaluated: the task's split, its first `eval.sets.heldout.size`
+    when that is set."""
+    return self.task.heldout_prompts()[:self.specs.rollout.eval_size or None]
+
 
 def _mesh(config):
   p = config.parallel

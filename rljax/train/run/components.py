@@ -114,6 +114,9 @@ def task_rewards(task, config, tokenizer, max_tokens):
     terms += [("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0 if verifier else 0.0),
               ("format", lambda p, c: score(p, c)["format"],
                t.format_weight if verifier else 0.0)]
+  if getattr(getattr(task, "spec", None), "worked", None) is not None:
+    # the share of completions in the task's worked mode (scratchpad, tool call): logged
+    terms.append(("worked", lambda p, c: task.worked(c), 0.0))
   if t.reward_model_path:
     scorer = RewardModelScorer.from_checkpoint(t.reward_model_path, tokenizer)
     scorer.warmup(max_tokens)   # compile before the per-call deadline applies

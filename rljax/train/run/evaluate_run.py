@@ -30,7 +30,7 @@ def evaluate_run(run_dir, *, config=None) -> dict:
   if restored is None:
     raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints")
   s, model = run.specs.rollout, params.model(restored[1])
-  out = evaluate(run.rollouts, model, run.task.heldout_prompts()[:s.eval_size or None],
-                 jax.random.key(0), n=s.eval_n, temperature=s.eval_temperature)
+  out = evaluate(run.rollouts, model, run.heldout_prompts(), jax.random.key(0), n=s.eval_n,
+                 temperature=s.eval_temperature)
   out.update(evaluate_sets(run.eval_sets, model, jax.random.key(0)))   # eval.sets
   return out

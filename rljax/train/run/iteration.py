@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import parallel
+from rljax.data.samplers import UniformSampler
 from rljax.ops import kl as kl_ops
 from rljax.train.params import policy_params
 from rljax.train.rollout import collect
@@ -37,16 +38,36 @@ class Trainer:
     return self.fns.compile_count() + self.update_step._cache_size() + teacher
 
 
-def iteration_keys(state, iteration):
-  """The iteration's keys for sampling, the update and the greedy baseline."""
+def iteration_keys(state, iteration, sample_stream: int = 0):
+  """The iteration's keys for sampling, the update and the greedy baseline: functions of
+  (run seed, iteration) alone, so every arm of an ablation draws the same ones (common
+  random numbers); `sample_stream` > 0 gives the sampling key its own stream (an A/A
+  control that shares everything but the sampling noise)."""
   base = jax.random.fold_in(jax.random.wrap_key_data(state.rng), iteration)
-  return dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
+  keys = dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
+  if sample_stream:
+    keys["sample"] = jax.random.fold_in(keys["sample"], sample_stream)
+  return keys
 
 
-def draw_prompts_fn(run: Run):
-  """Draws from the run's prompt sampler (its state is checkpointed with the run)."""
+def draw_prompts_fn(run: Run, iteration: int):
+  """`draw(k, round) -> k prompts`: round 0 from the run's prompt sampler (one call per
+  iteration, its state checkpointed with the run); the extra rounds of dynamic sampling
+  from (seed, iteration, round) alone under the uniform sampler, so arms with and without
+  dynamic sampling see the same prompts in every iteration's first round and after it."""
   prompts = run.task.train_prompts()
-  return lambda k: [prompts[i] for i in run.prompt_sampler.sample(k)]
+
+  def draw(k, round_=0):
+    if round_ == 0 or not isinstance(run.prompt_sampler, UniformSampler):
+      index = run.prompt_sampler.sample(k)
+    else:
+      rng = np.random.default_rng([run.specs.run.seed, _EXTRA_ROUNDS, iteration, round_])
+      index = rng.choice(len(prompts), k, replace=len(prompts) < k)
+    return [prompts[i] for i in index]
+  return draw
+
+
+_EXTRA_ROUNDS = 0xD5   # folds the stream of dynamic sampling's extra rounds
 
 
 def feed_back_success(run: Run, prompts, accuracy, n):
@@ -70,11 +91,10 @@ def rl_iteration(trainer: Trainer, state, iteration, moments, model):
   """Runs one iteration; returns (state, metrics, moments, update batch)."""
   run = trainer.run
   spec = run.specs.rollout
-  keys = iteration_keys(state, iteration)
+  keys = iteration_keys(state, iteration, run.specs.run.sample_stream)
   t0 = time.perf_counter()
-  counter = iter(range(1_000_000))
-  batch, stats = collect(run.rollouts, model, draw_prompts_fn(run),
-                         lambda: jax.random.fold_in(keys["sample"], next(counter)), spec,
+  batch, stats = collect(run.rollouts, model, draw_prompts_fn(run, iteration),
+                         lambda round_: jax.random.fold_in(keys["sample"], round_), spec,
                          greedy_key=keys["greedy"])
   feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
   t1 = time.perf_counter()

@@ -7,35 +7,21 @@ import pathlib
 import time
 
 import jax
+import numpy as np
 
 from rljax import parallel, sampling
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import validate
 from rljax.train.config.from_config import distill_spec
 from rljax.train.params.checkpoint import Checkpointer
-from rljax.train.rollout import evaluate
-from rljax.train.rollout.eval_sets import evaluate_sets
 from rljax.train.run import metrics as run_metrics
-from rljax.train.run.build import Run, build
+from rljax.train.run.build import build
+from rljax.train.run.heldout import evaluate_heldout, evaluate_start, save_per_prompt
 from rljax.train.run.iteration import rl_iteration, save_analysis_batch
 from rljax.train.run.rejection_sft import RejectionSFT
 from rljax.train.run.stop import StopFlag
 from rljax.train.run.teacher_recipe import train_teacher_if_absent
 from rljax.train.run.trainer import make_trainer, warm_start_fn
-
-
-def evaluate_heldout(run: Run, model, key, *, with_ood=False) -> dict:
-  """Held-out metrics; with `with_ood` also the `task.ood_difficulty` split as `ood_*`; the
-  named sets of `eval.sets` as `<name>/<metric>`."""
-  s = run.specs.rollout
-  out = evaluate(run.rollouts, model, run.task.heldout_prompts()[:s.eval_size or None], key,
-                 n=s.eval_n, temperature=s.eval_temperature)
-  if with_ood and run.ood is not None:
-    rollouts, prompts = run.ood
-    ood = evaluate(rollouts, model, prompts, key, n=s.eval_n, temperature=s.eval_temperature)
-    out.update({f"ood_{k}": v for k, v in ood.items()})
-  out.update(evaluate_sets(run.eval_sets, model, key))   # eval.sets
-  return out
 
 
 def _jsonable(tree):
@@ -82,9 +68,12 @@ class _Session:
     if restored is None:
       state = params.fresh_state(warm_start_fn(self.run))
       params.save_frozen(self.ckpt, state)
-      before = evaluate_heldout(self.run, params.model(state), self.eval_key, with_ood=True)
+      before, self.before_per_prompt = evaluate_start(self.run, params.model(state),
+                                                      self.eval_key)
       return state, RunningMoments.create(), 0, before
     step, state, host = restored
+    self.before_per_prompt = {k: np.asarray(v) for k, v in host.get("heldout_per_prompt",
+                                                                      {}).items()}
     self.run.prompt_sampler.load_state_dict(host["prompt_sampler"])
     start = int(state.iteration)
     if self.primary:
@@ -119,18 +108,23 @@ class _Session:
     m["compile/programs"] = self.compile_count()
     m["update/skipped_total"] = int(state.skipped_updates)
     if spec.eval_every and (it + 1) % spec.eval_every == 0:
-      heldout = evaluate_heldout(run, run.params.model(state), self.eval_key)
+      heldout, per_prompt = evaluate_heldout(run, run.params.model(state), self.eval_key)
       m.update({f"eval/{k}": v for k, v in heldout.items()})
+      if self.primary:
+        save_per_prompt(run, self.dir, self.before_per_prompt, per_prompt, iteration=it + 1)
     return state, m, moments, upd
 
   def host_state(self, before, moments):
     return {"heldout_before": before, "reward_moments": [float(x) for x in moments],
-            "prompt_sampler": _jsonable(self.run.prompt_sampler.state_dict())}
+            "prompt_sampler": _jsonable(self.run.prompt_sampler.state_dict()),
+            "heldout_per_prompt": _jsonable(self.before_per_prompt)}
 
   def finish(self, state, before) -> dict:
     """Plots, result.json (process 0) and the RESULT dict (every process)."""
     run = self.run
-    after = evaluate_heldout(run, run.params.model(state), self.eval_key, with_ood=True)
+    after, per_prompt = evaluate_heldout(run, run.params.model(state), self.eval_key, full=True)
+    if self.primary:
+      save_per_prompt(run, self.dir, self.before_per_prompt, per_prompt)
     if run.specs.run.plots and self.primary:
       run_metrics.plot_run(self.dir, before=before, after=after)
     result = {"heldout_acc_before": before["accuracy"], "heldout_acc_after": after["accuracy"],

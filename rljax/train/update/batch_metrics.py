@@ -31,6 +31,7 @@ def rollout_metrics(batch: RolloutBatch, scores, adv, mask, loss_mask, kl_coef) 
       "train/response_length_max": float(np.max(batch.lengths)),
       "train/truncated_frac": float(np.mean(np.asarray(batch.truncated))),
       **length_metrics(batch, loss_mask),
+      **worked_metrics(batch),
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
       "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
                                              jnp.any(adv != 0, axis=1))),
@@ -53,6 +54,18 @@ def length_metrics(batch: RolloutBatch, loss_mask) -> dict:
           "train/length_incorrect": mean_or_nan(lengths[~correct]),
           "train/truncated_loss_tokens": float(jnp.sum(
               (loss_mask > 0) & jnp.asarray(batch.truncated, bool)[:, None]))}
+
+
+def worked_metrics(batch: RolloutBatch) -> dict:
+  """Accuracy of the completions in the task's worked mode and of the others (the mode RL
+  promotes when it is the more reliable one); {} for a task without a worked mode."""
+  if "worked" not in batch.components:
+    return {}
+  worked = np.asarray(batch.components["worked"]) > 0
+  acc = np.asarray(batch.accuracy, np.float64)
+  mean_or_nan = lambda x: float(np.mean(x)) if x.size else float("nan")  # noqa: E731
+  return {"train/worked_accuracy": mean_or_nan(acc[worked]),
+          "train/direct_accuracy": mean_or_nan(acc[~worked])}
 
 
 def old_policy_metrics(upd, *, with_ref: bool) -> dict:

@@ -15,7 +15,7 @@ from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
 from rljax.train.rollout.batch import RolloutBatch
-from rljax.train.rollout.episodic import episode_metrics, turn_reward_advantages
+from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
 from rljax.train.update import batch_metrics
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
 from rljax.train.update.distill import Distiller, distill_metrics

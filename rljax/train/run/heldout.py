@@ -1,0 +1,73 @@
+"""The held-out evaluations of a run: before RL (cached beside the warm start), periodic,
+and after RL, with the per-prompt results an ablation pairs by prompt."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+
+from rljax import parallel
+from rljax.train.rollout import evaluate
+from rljax.train.rollout.eval_sets import evaluate_sets
+from rljax.train.rollout.evaluate import evaluate_per_prompt
+from rljax.train.run.build import Run
+
+PER_PROMPT_FILE = "heldout_per_prompt.npz"
+
+
+def evaluate_heldout(run: Run, model, key, *, full=False):
+  """(summary, per-prompt arrays) on the held-out prompts. `full`: also the
+  `task.ood_difficulty` split (as `ood_*`) and pass@large-k (`sampling.eval_passk_n`): the
+  evaluations before and after RL; the periodic ones are lighter. The named sets of
+  `eval.sets` join the summary as `<name>/<metric>` (every evaluation)."""
+  s = run.specs.rollout
+  passk = dict(passk_n=s.eval_passk_n, passk_prompts=s.eval_passk_prompts) if full else {}
+  out, per_prompt = evaluate_per_prompt(run.rollouts, model, run.heldout_prompts(), key,
+                                        n=s.eval_n, temperature=s.eval_temperature, **passk)
+  if full and run.ood is not None:
+    rollouts, prompts = run.ood
+    ood = evaluate(rollouts, model, prompts, key, n=s.eval_n, temperature=s.eval_temperature)
+    out.update({f"ood_{k}": v for k, v in ood.items()})
+  out.update(evaluate_sets(run.eval_sets, model, key))   # eval.sets: `<name>/<metric>`
+  return out, per_prompt
+
+
+def _cache_path(run: Run):
+  sft = run.specs.sft
+  if not sft.cache_dir or not sft.heldout_key:
+    return None
+  return pathlib.Path(sft.cache_dir).absolute() / f"heldout_{sft.heldout_key}.npz"
+
+
+def evaluate_start(run: Run, model, key):
+  """The full evaluation of a fresh run's start, read from (or written to) the cache beside
+  the warm start: every step of an ablation that shares the start shares it."""
+  path = _cache_path(run)
+  # every process reads the cache or none does (the evaluation has collectives)
+  if path is not None and not parallel.any_process(not path.exists()):
+    with np.load(path) as data:
+      arrays = {k: data[k] for k in data.files}
+    return json.loads(str(arrays.pop("summary"))), arrays
+  summary, per_prompt = evaluate_heldout(run, model, key, full=True)
+  if path is not None and parallel.is_primary():
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, summary=np.asarray(json.dumps(summary)), **per_prompt)
+    tmp.rename(path)
+  return summary, per_prompt
+
+
+def save_per_prompt(run: Run, run_dir, before: dict, after: dict, *, iteration=None) -> None:
+  """`heldout_per_prompt.npz`: the held-out prompts' ids and, before and after RL, each
+  prompt's greedy correctness, correct count of `eval_n` samples and of `eval_passk_n`;
+  with `iteration`, the periodic evaluation after that iteration
+  (`heldout_per_prompt_it<iteration>.npz`: where an ablation's effects stop moving)."""
+  arrays = {"prompt_id": np.asarray([p.id for p in run.heldout_prompts()]),
+            "eval_n": np.asarray(run.specs.rollout.eval_n),
+            "passk_n": np.asarray(run.specs.rollout.eval_passk_n)}
+  arrays.update({f"before_{k}": v for k, v in before.items()})
+  arrays.update({f"after_{k}": v for k, v in after.items()})
+  name = PER_PROMPT_FILE if iteration is None else f"heldout_per_prompt_it{iteration}.npz"
+  np.savez(pathlib.Path(run_dir) / name, **arrays)
