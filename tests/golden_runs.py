@@ -25,6 +25,10 @@ SPECS = ("grpo", "ppo", "dapo:dynamic_sampling", "gspo", "calculator", "lora:r8"
 OVERRIDES = {"run.iterations": 3, "sft.steps": 200, "sft.worked_steps": 150, "sft.lr": 1e-2,
              "sft.cache_dir": "", "task.difficulty_max": 1, "optim.actor_lr": 1e-3,
              "parallel.num_devices": 1, "algo.dynamic_sampling_max_rounds": 8}
+# A reward that varies with the text, added to the task's, so every run's groups have signal
+# (the task whose own config names reward functions keeps them).
+SIGNAL = {"task.reward_fns": ["tests/signal_rewards.py:digit_share"],
+          "task.reward_fns_mode": "add"}
 # Keys that measure the machine rather than the computation.
 VOLATILE_PREFIXES = ("time/", "env/seconds", "compile/")
 VOLATILE_KEYS = ("wall_s",)
@@ -59,7 +63,8 @@ def run_spec(spec: str, tmp_dir: pathlib.Path) -> dict:
 
   from rljax.train.loop import train
 
-  config = micro_config(spec, tmp_dir, **OVERRIDES)
+  extra = {} if spec.startswith("user_task") else SIGNAL
+  config = micro_config(spec, tmp_dir, **OVERRIDES, **extra)
   result = train(config)
   records = read_records(tmp_dir / spec.replace(":", "_"))
   return {"metrics": [_clean(r) for r in records], "result": _clean(result)}

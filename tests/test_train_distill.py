@@ -15,7 +15,7 @@ from rljax.train.loop import train
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import collect
 from rljax.train.run.build import build
-from rljax.train.run.iteration import draw_prompts_fn, rl_iteration
+from rljax.train.run.iteration import draw_prompts_fn, rl_iteration, sample_now
 from rljax.train.run.rejection_sft import RejectionSFT, phase_key, phase_prompts
 from rljax.train.run.teacher_recipe import train_teacher_if_absent
 
@@ -77,8 +77,8 @@ def test_teacher_stays_frozen_outside_the_train_state(tmp_path):
   assert teacher_shapes and not teacher_shapes & {x.shape for x in jax.tree.leaves(state)}
 
   before_student = _leaves(state.actor)
-  state, metrics, _, _ = rl_iteration(trainer, state, 0, RunningMoments.create(),
-                                      run.params.model(state))
+  sampled = sample_now(trainer, state, 0, run.params.model(state))
+  state, metrics, _, _ = rl_iteration(trainer, state, 0, RunningMoments.create(), sampled)
   assert np.isfinite(metrics["distill/reverse_kl"]) and metrics["update/skipped"] == 0
   assert any(np.any(a != b) for a, b in zip(_leaves(state.actor), before_student))
   for got, want in zip(_leaves(run.params.teacher.params), _leaves(saved)):

@@ -14,8 +14,8 @@ def test_golden_file_covers_every_spec():
   assert sorted(GOLDEN["runs"]) == sorted(SPECS)
   for run in GOLDEN["runs"].values():
     assert len(run["metrics"]) == 3
-    # the regime acts: rewards vary within groups and the updates move the policy
-    assert any(r["train/advantage_abs_mean"] > 0 for r in run["metrics"])
+    # the regime acts: rewards vary within groups, so the updates move the policy
+    assert sum(r["train/advantage_abs_mean"] > 0 for r in run["metrics"]) >= 2
 
 
 @pytest.mark.slow

@@ -83,3 +83,28 @@ def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
   """Fully replicated sharding on `mesh` (scalars, RNG keys, small tables)."""
   return NamedSharding(mesh, PartitionSpec())
+
+
+def split_devices(devices, sampler_count: int) -> tuple[list, list]:
+  """(trainer devices, sampler devices): the last `sampler_count` devices, taken evenly from
+  every process's own (each process then samples on its devices and trains on the others,
+  as in the single-process case), serve the sampler; 0: both use all of them (colocated).
+
+  Raises:
+    ValueError: the split leaves a side without devices, or is not even over processes.
+  """
+  devices = list(devices)
+  if sampler_count == 0:
+    return devices, devices
+  if not 0 < sampler_count < len(devices):
+    raise ValueError(f"parallel.sampler_devices={sampler_count} must be 0 (colocated) or in "
+                     f"[1, {len(devices) - 1}] (the trainer keeps at least one device)")
+  processes = sorted({d.process_index for d in devices})
+  per_process, rest = divmod(sampler_count, len(processes))
+  local = {p: [d for d in devices if d.process_index == p] for p in processes}
+  if rest or any(len(ds) <= per_process for ds in local.values()):
+    raise ValueError(f"parallel.sampler_devices={sampler_count} must be a multiple of the "
+                     f"{len(processes)} processes, leaving each process a trainer device")
+  trainer = [d for p in processes for d in local[p][:len(local[p]) - per_process]]
+  sampler = [d for p in processes for d in local[p][len(local[p]) - per_process:]]
+  return trainer, sampler

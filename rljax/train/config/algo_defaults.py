@@ -79,6 +79,12 @@ def _algo_regularisers() -> dict:
       # recompute | sampler | update (the update's own forward pass, under stop-gradient:
       # one forward pass less per iteration; needs 1 update per rollout)
       old_logp_source="recompute",
+      # stale samples (sampling.max_staleness > 0): none (PPO against the proximal, i.e.
+      # current, policy) | tis (truncated IS weights prox/behaviour, algo.tis_cap) |
+      # decoupled (AReaL's decoupled PPO: IS weight prox/behaviour capped at
+      # algo.decoupled_cap, clip around the proximal policy; rljax.ops.off_policy)
+      off_policy_correction="none",
+      decoupled_cap=5.0,
       is_correction="none",         # none | tis | icepop
       is_level="token",             # token | sequence
       tis_cap=2.0,

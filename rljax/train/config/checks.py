@@ -25,7 +25,8 @@ def check_combinations(errors, c):
   """Fields that are valid alone but not together (every feature's own checks)."""
   for check in (_check_advantages_and_rewards, _check_batch_split, _check_task, _check_data_source,
                 _check_rsft, _check_policy_loss_and_reference, _check_user_rewards, _check_lora,
-                _check_env, _check_old_logp_from_update, check_distill, check_eval_sets):
+                _check_env, _check_old_logp_from_update, _check_async, check_distill,
+                check_eval_sets):
     check(errors, c)
 
 
@@ -266,3 +267,42 @@ def _check_rsft(errors, c):
     errors.append(f"algo.rsft_lr={a.rsft_lr} must be > 0")
   if a.rsft_min_score is not None and not isinstance(a.rsft_min_score, (int, float)):
     errors.append(f"algo.rsft_min_score={a.rsft_min_score!r} must be None or a number")
+
+
+def _check_async(errors, c):
+  """sampling.max_staleness, algo.off_policy_correction and the sampler's own devices."""
+  s, a, p = c.sampling, c.algo, c.parallel
+  k = s.max_staleness
+  if not isinstance(k, int) or k < 0:
+    errors.append(f"sampling.max_staleness={k!r} must be an int >= 0 (0: synchronous)")
+    return
+  if a.off_policy_correction == "decoupled" and a.policy_loss != "ppo":
+    errors.append("algo.off_policy_correction='decoupled' is AReaL's decoupled PPO clip: it "
+                  f"needs algo.policy_loss='ppo' (got {a.policy_loss!r})")
+  if a.off_policy_correction == "decoupled" and a.ratio_cap:
+    errors.append("algo.off_policy_correction='decoupled' has its own cap on the behaviour "
+                  "weight (algo.decoupled_cap): set algo.ratio_cap=0")
+  if a.off_policy_correction == "tis" and a.is_correction != "none":
+    errors.append("algo.off_policy_correction='tis' weights stale tokens by the truncated "
+                  "ratio to the sampler; algo.is_correction must be 'none' (it is that weight)")
+  if a.off_policy_correction != "none" and a.old_logp_source != "recompute":
+    errors.append(f"algo.off_policy_correction={a.off_policy_correction!r} compares the "
+                  "recomputed (proximal) policy with the sampler's: it needs "
+                  "algo.old_logp_source='recompute'")
+  if a.decoupled_cap < 0:
+    errors.append(f"algo.decoupled_cap={a.decoupled_cap} must be >= 0 (0: no cap)")
+  if k > 0:
+    blocked = [(bool(c.task.env), "task.env (multi-turn episodes)"),
+               (a.rsft_every > 0, "algo.rsft_every (rejection-sampling phases)"),
+               (a.old_logp_source != "recompute",
+                f"algo.old_logp_source={a.old_logp_source!r}")]
+    for bad, what in blocked:
+      if bad:
+        errors.append(f"sampling.max_staleness={k} samples in the background: {what} is not "
+                      "supported with it (set sampling.max_staleness=0)")
+  if not isinstance(p.sampler_devices, int) or p.sampler_devices < 0:
+    errors.append(f"parallel.sampler_devices={p.sampler_devices!r} must be an int >= 0 "
+                  "(0: colocated)")
+  elif p.sampler_devices and (p.sampler_tensor < 1 or p.sampler_devices % p.sampler_tensor):
+    errors.append(f"parallel.sampler_tensor={p.sampler_tensor} must divide "
+                  f"parallel.sampler_devices={p.sampler_devices}")

@@ -47,6 +47,9 @@ def check_distill(errors, c):
   if a.rsft_from_teacher and not a.rsft_every:
     errors.append("algo.rsft_from_teacher=True samples the RS-FT phases from the teacher: it "
                   "needs algo.rsft_every > 0")
+  if a.rsft_from_teacher and c.parallel.sampler_devices:
+    errors.append("algo.rsft_from_teacher=True samples with the teacher on the trainer's "
+                  "devices: it needs parallel.sampler_devices=0")
   _check_teacher_source(errors, c)
 
 

@@ -190,6 +190,9 @@ def _sampling() -> ConfigDict:
                              # it becomes max_new_tokens, the rows' completion columns)
       turn_stop=[],
       max_observation_tokens=64,  # an observation is cut to this many tokens
+      # asynchronous rollouts: batch t is sampled by policy version max(0, t - k) while the
+      # trainer updates (0: the synchronous loop); rljax.train.run.async_rollouts
+      max_staleness=0,
       eval_n=4,                # samples per held-out prompt for pass@k / avg@k
       eval_temperature=1.0,
       # pass@k for large k (powers of two up to eval_passk_n) on the first
@@ -218,7 +221,11 @@ def _parallel() -> ConfigDict:
   """The device mesh."""
   # Mesh over `num_devices` devices (0: all; with several processes, an equal share of
   # each process's own devices, `parallel.select_devices`); one size may be -1 (the rest).
-  return ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0))
+  # sampler_devices: 0 = the sampler shares the trainer's devices (colocated); N > 0 = the
+  # last N devices (evenly from every process) sample on their own mesh (data x
+  # sampler_tensor), the others train; weights are resharded to the sampler after updates
+  return ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0, sampler_devices=0,
+                         sampler_tensor=1))
 
 
 def resolved_eval_sets(config) -> dict:

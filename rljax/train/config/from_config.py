@@ -69,8 +69,8 @@ def rollout_spec(config) -> RolloutSpec:
       max_rounds=int(a.dynamic_sampling_max_rounds) if a.dynamic_sampling else 1,
       greedy_baseline=a.advantage == "remax", eval_n=int(heldout["k"]),
       eval_temperature=float(heldout["temperature"]), eval_passk_n=int(s.eval_passk_n),
-      eval_passk_prompts=int(s.eval_passk_prompts), episodes=episode_spec(config),
-      eval_size=int(heldout["size"]))
+      eval_passk_prompts=int(s.eval_passk_prompts), max_staleness=int(s.max_staleness),
+      episodes=episode_spec(config), eval_size=int(heldout["size"]))
 
 
 def shaping_spec(config) -> ShapingSpec:
@@ -87,7 +87,8 @@ def shaping_spec(config) -> ShapingSpec:
 def sources_spec(config) -> PolicySourcesSpec:
   a = config.algo
   return PolicySourcesSpec(
-      old_logp_source=a.old_logp_source, is_correction=a.is_correction, is_level=a.is_level,
+      old_logp_source=a.old_logp_source, off_policy_correction=a.off_policy_correction,
+      is_correction=a.is_correction, is_level=a.is_level,
       tis_cap=float(a.tis_cap), icepop_low=float(a.icepop_low),
       icepop_high=float(a.icepop_high), kl_placement=a.kl_placement,
       kl_estimator=a.kl_estimator, kl_coef=float(a.kl_coef), kl_controller=a.kl_controller,
@@ -131,7 +132,9 @@ def loss_spec(config, pack_groups: int = 0) -> LossSpec:
       entropy_coef=float(a.entropy_coef), use_critic=a.advantage == "gae",
       value_clip=float(a.value_clip), vf_coef=float(a.vf_coef), ptx_coef=float(a.ptx_coef),
       pg_coef=float(a.pg_coef), temperature=float(config.sampling.temperature),
-      old_logp_from_update=a.old_logp_source == "update", pack_groups=int(pack_groups))
+      old_logp_from_update=a.old_logp_source == "update",
+      decoupled_cap=(float(a.decoupled_cap) or float("inf"))
+      if a.off_policy_correction == "decoupled" else None, pack_groups=int(pack_groups))
 
 
 def advantage_spec(config) -> AdvantageSpec:

@@ -67,6 +67,7 @@ class RolloutSpec:
   eval_temperature: float
   eval_passk_n: int = 0
   eval_passk_prompts: int = 0
+  max_staleness: int = 0       # batch t is sampled by policy version max(0, t - k)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
 
@@ -98,6 +99,7 @@ class PolicySourcesSpec:
   tis_cap: float
   icepop_low: float
   icepop_high: float
+  off_policy_correction: str   # none | tis | decoupled (stale samples)
   kl_placement: str            # none | reward | loss
   kl_estimator: str
   kl_coef: float
@@ -195,6 +197,7 @@ class LossSpec:
   pg_coef: float
   temperature: float
   old_logp_from_update: bool = False
+  decoupled_cap: float | None = None   # AReaL's decoupled PPO when set (stale samples)
   pack_groups: int = 0         # packed forward: groups per micro-batch, 0 = padded layout
 
 

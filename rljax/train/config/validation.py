@@ -25,6 +25,7 @@ KL_PLACEMENTS = ("none", "reward", "loss")
 KL_CONTROLLERS = ("fixed", "adaptive")
 IS_CORRECTIONS = ("none", "tis", "icepop")
 OLD_LOGP_SOURCES = ("recompute", "sampler", "update")
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
 DTYPES = ("float32", "bfloat16")
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
 TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds", "python")
@@ -70,6 +71,7 @@ def _check_choices(errors, c):
       ("task.reward_fns_mode", ("replace", "add")),
       ("algo.reward_aggregation", REWARD_AGGREGATIONS),
       ("algo.ref_refresh", REF_REFRESH_MODES),
+      ("algo.off_policy_correction", OFF_POLICY_CORRECTIONS),
   ):
     _choice(errors, c, dotted, allowed)
 
@@ -171,7 +173,14 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
       select_devices(requested)
     except ValueError as e:
       errors.append(str(e))
-  _check_mesh(errors, config, requested or available)
+  devices = requested or available
+  sampler = config.parallel.sampler_devices if isinstance(config.parallel.sampler_devices,
+                                                          int) else 0
+  if 0 < sampler and sampler >= devices:
+    errors.append(f"parallel.sampler_devices={sampler} leaves the trainer none of the "
+                  f"{devices} devices")
+  else:
+    _check_mesh(errors, config, devices - max(sampler, 0))
   limit = max_positions or config.model.max_position_embeddings
   if completion_columns(config) >= limit:
     errors.append(f"sampling.max_new_tokens={completion_columns(config)} leaves no room for "

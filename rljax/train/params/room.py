@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,7 @@ class Params:
   seed: int
   lora: bool = False
   critic_from_policy: bool = True
+  sampler_mesh: object = None   # the sampler's own devices (None: it shares `mesh`)
   teacher: Teacher | None = None
 
   def split(self, actor_params):
@@ -63,6 +65,24 @@ class Params:
   def model(self, state: TrainState, *, adapters: bool = True):
     """The policy (or, with `adapters=False`, a LoRA run's base) as a module."""
     return nnx.merge(self.actor_graphdef, policy_params(state, adapters=adapters))
+
+  def sampler_model(self, state: TrainState, *, keep: bool = False):
+    """(the policy on the sampler's devices, handover metrics): the trainer's parameters
+    resharded to the sampler's mesh (`jax.device_put` to their logical-axis shardings
+    there: `sync/seconds`, `sync/bytes`), or the policy itself when colocated (`keep`: a
+    copy, for a sampler that outlives the next update, whose step donates the state)."""
+    if self.sampler_mesh is None and not keep:
+      return self.model(state), {}
+    if self.sampler_mesh is None:
+      return nnx.merge(self.actor_graphdef,
+                       jax.tree.map(jnp.copy, policy_params(state))), {}
+    t0 = time.perf_counter()
+    params = policy_params(state)
+    moved = jax.block_until_ready(
+        jax.device_put(params, parallel.state_shardings(params, self.sampler_mesh)))
+    size = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(moved))
+    return nnx.merge(self.actor_graphdef, moved), {"sync/seconds": time.perf_counter() - t0,
+                                                    "sync/bytes": float(size)}
 
   def init_state(self, actor_params, critic_params=None) -> TrainState:
     """A fresh TrainState around (possibly warm-started) full actor parameters, placed on

@@ -75,6 +75,7 @@ class RolloutBatch:
   greedy_scores: np.ndarray | None = None
   episodes: EpisodeRecords | None = None
   seconds: dict = dataclasses.field(default_factory=dict)   # generate_s, score_s
+  versions: np.ndarray | None = None   # int [B]: the policy version that sampled each row
 
   @property
   def size(self) -> int:

@@ -64,13 +64,19 @@ class Run:
     return self.task.heldout_prompts()[:self.specs.rollout.eval_size or None]
 
 
-def _mesh(config):
+def _meshes(config):
+  """(the trainer's mesh, the sampler's mesh or None when it shares the trainer's)."""
   p = config.parallel
-  devices = parallel.select_devices(p.num_devices)
-  return parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=devices)
+  trainer, sampler = parallel.split_devices(parallel.select_devices(p.num_devices),
+                                            p.sampler_devices)
+  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=trainer)
+  if not p.sampler_devices:
+    return mesh, None
+  return mesh, parallel.make_mesh(data=-1, tensor=p.sampler_tensor, devices=sampler)
 
 
-def _params(config, actor, critic, mesh, specs: Specs, teacher=None) -> Params:
+def _params(config, actor, critic, mesh, specs: Specs, sampler_mesh=None,
+            teacher=None) -> Params:
   parallel.shard_model(actor, mesh)
   if critic is not None:
     parallel.shard_model(critic, mesh)
@@ -82,7 +88,8 @@ def _params(config, actor, critic, mesh, specs: Specs, teacher=None) -> Params:
       actor_tx=components.optimizer(config, config.optim.actor_lr),
       critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
       sources=specs.sources, seed=specs.run.seed, lora=bool(config.model.lora_rank),
-      critic_from_policy=not config.algo.critic_init_path, teacher=teacher)
+      critic_from_policy=not config.algo.critic_init_path, sampler_mesh=sampler_mesh,
+      teacher=teacher)
 
 
 def _ood(config, rollouts):
@@ -139,11 +146,11 @@ def build(config) -> Run:
   actor, critic, model_cfg = components.build_models(config, tokenizer)
   prompt_len = components.prompt_length(config, task, tokenizer,
                                         model_cfg.max_position_embeddings)
-  mesh = _mesh(config)
+  mesh, sampler_mesh = _meshes(config)
   shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
   specs = build_specs(config, model_description=repr(model_cfg),
                       pack_groups=shards if config.algo.pack_sequences else 0)
-  rollouts = _rollouts(config, task, tokenizer, prompt_len, mesh, specs)
+  rollouts = _rollouts(config, task, tokenizer, prompt_len, sampler_mesh or mesh, specs)
   if config.algo.reward_aggregation == "normalize_then_sum":   # GDPO's reward weights
     specs = dataclasses.replace(specs, advantage=dataclasses.replace(
         specs.advantage, reward_weights=gdpo_terms(rollouts.ctx.reward_fn)[1]))
@@ -153,7 +160,8 @@ def build(config) -> Run:
   teacher = components.build_teacher(config, tokenizer, model_cfg.vocab_size, mesh)
   return Run(
       specs=specs, task=task, tokenizer=tokenizer, model_cfg=model_cfg,
-      params=_params(config, actor, critic, mesh, specs, teacher), rollouts=rollouts,
+      params=_params(config, actor, critic, mesh, specs, sampler_mesh, teacher),
+      rollouts=rollouts,
       ood=_ood(config, rollouts),
       prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
                                   **sampler_options),

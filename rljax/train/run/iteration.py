@@ -38,12 +38,14 @@ class Trainer:
     return self.fns.compile_count() + self.update_step._cache_size() + teacher
 
 
-def iteration_keys(state, iteration, sample_stream: int = 0):
+def iteration_keys(rng_data, iteration, sample_stream: int = 0):
   """The iteration's keys for sampling, the update and the greedy baseline: functions of
-  (run seed, iteration) alone, so every arm of an ablation draws the same ones (common
+  (run seed, iteration) alone (`rng_data`: the key data of the run seed, `TrainState.rng`),
+  so every arm of an ablation draws the same ones (common
   random numbers); `sample_stream` > 0 gives the sampling key its own stream (an A/A
   control that shares everything but the sampling noise)."""
-  base = jax.random.fold_in(jax.random.wrap_key_data(state.rng), iteration)
+  # from host data: the keys are uncommitted, usable on the trainer's and the sampler's devices
+  base = jax.random.fold_in(jax.random.wrap_key_data(np.asarray(rng_data)), iteration)
   keys = dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
   if sample_stream:
     keys["sample"] = jax.random.fold_in(keys["sample"], sample_stream)
@@ -87,18 +89,38 @@ def _adapt_kl(run: Run, state, metrics, rows: int):
   return state._replace(kl_coef=_like(state.kl_coef, new_coef))
 
 
-def rl_iteration(trainer: Trainer, state, iteration, moments, model):
-  """Runs one iteration; returns (state, metrics, moments, update batch)."""
+@dataclasses.dataclass
+class Sampled:
+  """A scored rollout batch and the policy version (iteration) that sampled it."""
+
+  batch: object
+  stats: dict
+  version: int
+
+
+def sample_now(trainer: Trainer, state, iteration, model) -> Sampled:
+  """The synchronous rollout of `iteration`, by the current policy `model`."""
   run = trainer.run
   spec = run.specs.rollout
-  keys = iteration_keys(state, iteration, run.specs.run.sample_stream)
+  keys = iteration_keys(state.rng, iteration, run.specs.run.sample_stream)
   t0 = time.perf_counter()
   batch, stats = collect(run.rollouts, model, draw_prompts_fn(run, iteration),
                          lambda round_: jax.random.fold_in(keys["sample"], round_), spec,
                          greedy_key=keys["greedy"])
   feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
+  stats["time/rollout_s"] = time.perf_counter() - t0
+  batch.versions = np.full(batch.size, iteration, np.int32)
+  return Sampled(batch, stats, iteration)
+
+
+def rl_iteration(trainer: Trainer, state, iteration, moments, sampled: Sampled):
+  """Prepares and consumes one sampled batch; returns (state, metrics, moments, update
+  batch)."""
+  run = trainer.run
+  keys = iteration_keys(state.rng, iteration, run.specs.run.sample_stream)
   t1 = time.perf_counter()
-  upd, metrics, moments = trainer.preparer.prepare(state, batch, keys["update"], moments)
+  upd, metrics, moments = trainer.preparer.prepare(state, sampled.batch, keys["update"],
+                                                   moments, iteration=iteration)
   train_actor = iteration >= run.specs.schedule.critic_warmup_iterations
   state, update_metrics = trainer.epochs.run(state, upd, keys["update"],
                                              train_actor=train_actor, iteration=iteration)
@@ -107,11 +129,11 @@ def rl_iteration(trainer: Trainer, state, iteration, moments, model):
         upd, with_ref=run.params.has_reference(state)))
   state = _adapt_kl(run, state, metrics, upd["mask"].shape[0])
   t2 = time.perf_counter()
-  metrics.update(stats)
+  metrics.update(sampled.stats)
   metrics.update(update_metrics)
-  metrics.update({"time/rollout_s": t1 - t0, "time/update_s": t2 - t1,
-                  "time/tokens_per_s": float(np.sum(batch.lengths))
-                  / max(stats["time/generate_s"], 1e-9)})
+  metrics.update({"time/update_s": t2 - t1,
+                  "time/tokens_per_s": float(np.sum(sampled.batch.lengths))
+                  / max(sampled.stats["time/generate_s"], 1e-9)})
   state = state._replace(iteration=_like(state.iteration, iteration + 1))
   return state, metrics, moments, upd
 

@@ -17,8 +17,10 @@ from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.run import metrics as run_metrics
 from rljax.train.run.build import build
 from rljax.train.run.heldout import evaluate_heldout, evaluate_start, save_per_prompt
+from rljax.train.run.inflight import prune_inflight
 from rljax.train.run.iteration import rl_iteration, save_analysis_batch
 from rljax.train.run.rejection_sft import RejectionSFT
+from rljax.train.run.sources import make_source
 from rljax.train.run.stop import StopFlag
 from rljax.train.run.teacher_recipe import train_teacher_if_absent
 from rljax.train.run.trainer import make_trainer, warm_start_fn
@@ -68,8 +70,9 @@ class _Session:
     if restored is None:
       state = params.fresh_state(warm_start_fn(self.run))
       params.save_frozen(self.ckpt, state)
-      before, self.before_per_prompt = evaluate_start(self.run, params.model(state),
+      before, self.before_per_prompt = evaluate_start(self.run, self.model(state),
                                                       self.eval_key)
+      self.source = make_source(self.trainer, state, self.dir, 0)
       return state, RunningMoments.create(), 0, before
     step, state, host = restored
     self.before_per_prompt = {k: np.asarray(v) for k, v in host.get("heldout_per_prompt",
@@ -79,7 +82,12 @@ class _Session:
     if self.primary:
       print(f"[rljax] resumed from checkpoint {step} (iteration {start}) in {self.ckpt.directory}")
     moments = RunningMoments(*[jax.numpy.asarray(x) for x in host["reward_moments"]])
+    self.source = make_source(self.trainer, state, self.dir, step)
     return state, moments, start, host["heldout_before"]
+
+  def model(self, state):
+    """The policy on the sampler's devices (rollouts, RS-FT phases, evaluations)."""
+    return self.run.params.sampler_model(state)[0]
 
   def compile_count(self) -> int:
     """Programs compiled so far: sampler, forward passes, update step, RS-FT."""
@@ -92,9 +100,9 @@ class _Session:
     run, spec = self.run, self.run.specs.run
     rsft_metrics = {}
     if self.rsft is not None and it % self.rsft.spec.every == 0:
-      state, rsft_metrics, *_ = self.rsft.phase(state, it, run.params.model(state))
+      state, rsft_metrics, *_ = self.rsft.phase(state, it, self.model(state))
     state, m, moments, upd = rl_iteration(self.trainer, state, it, moments,
-                                          run.params.model(state))
+                                          self.source.take(state, it))
     refreshed = run.params.refresh_reference(state, it)
     if refreshed is not state:
       state, m["kl/ref_refreshed"] = refreshed, 1
@@ -107,8 +115,9 @@ class _Session:
           f"good checkpoint in {self.ckpt.directory} is intact.")
     m["compile/programs"] = self.compile_count()
     m["update/skipped_total"] = int(state.skipped_updates)
+    self.source.updated(state)
     if spec.eval_every and (it + 1) % spec.eval_every == 0:
-      heldout, per_prompt = evaluate_heldout(run, run.params.model(state), self.eval_key)
+      heldout, per_prompt = evaluate_heldout(run, self.model(state), self.eval_key)
       m.update({f"eval/{k}": v for k, v in heldout.items()})
       if self.primary:
         save_per_prompt(run, self.dir, self.before_per_prompt, per_prompt, iteration=it + 1)
@@ -122,7 +131,7 @@ class _Session:
   def finish(self, state, before) -> dict:
     """Plots, result.json (process 0) and the RESULT dict (every process)."""
     run = self.run
-    after, per_prompt = evaluate_heldout(run, run.params.model(state), self.eval_key, full=True)
+    after, per_prompt = evaluate_heldout(run, self.model(state), self.eval_key, full=True)
     if self.primary:
       save_per_prompt(run, self.dir, self.before_per_prompt, per_prompt)
     if run.specs.run.plots and self.primary:
@@ -152,6 +161,7 @@ def train(config, *, stop_after=None):
   try:
     state = _loop(session, state, moments, start, before, stop_after)
   finally:
+    session.source.close()
     session.ckpt.close()   # waits for an asynchronous save in flight, even on an error
   session.writer.close()
   return session.finish(state, before)
@@ -173,7 +183,10 @@ def _loop(session: _Session, state, moments, start, before, stop_after):
       periodic = spec.save_every and (it + 1) % spec.save_every == 0
       # A state right after a skipped (non-finite) update is never checkpointed.
       if int(state.nonfinite_in_row) == 0 and (last or interrupted or periodic):
+        session.source.checkpoint(session.dir, it + 1)   # (first: the sampler state is final)
         session.run.params.save(session.ckpt, it + 1, state, session.host_state(before, moments))
+        prune_inflight(session.dir, session.ckpt.steps() + [it + 1])
+      session.source.publish(it + 1)
       if last:
         save_analysis_batch(session.trainer.fns, state, upd, session.dir / "analysis_batch.npz")
       if interrupted:

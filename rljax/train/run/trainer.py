@@ -28,7 +28,8 @@ def make_trainer(run: Run, template) -> Trainer:
       mesh=run.mesh)
   epochs = Epochs(update_step=update_step, fns=fns, schedule=specs.schedule,
                   rows_sharding=batch_sharding(run.mesh), ptx_context=run.ctx,
-                  seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens)
+                  seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens,
+                  behaviour_logp=specs.loss.decoupled_cap is not None)
   preparer = Preparer.create(specs, fns, params, run.mesh, run.ctx.reward_fn,
                              distiller=make_distiller(run, num_micro))
   return Trainer(run=run, fns=fns, preparer=preparer, epochs=epochs, update_step=update_step)

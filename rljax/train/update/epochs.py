@@ -43,13 +43,14 @@ class Epochs:
   schedule: ScheduleSpec
   rows_sharding: object
   ptx_context: object = None   # the RolloutContext of ptx demonstrations (algo.ptx_coef)
+  behaviour_logp: bool = False  # the loss reads the sampler's log-probs (decoupled PPO)
   seed: int = 0
   completion_len: int = 0
 
   def minibatch(self, state, upd, index, *, iteration, epoch, m):
     """The update step's input for rows `index` of `upd`."""
-    minibatch = take_rows({k: upd[k] for k in UPDATE_KEYS}, jnp.asarray(index),
-                          self.rows_sharding)
+    keys = UPDATE_KEYS + (("sampler_logp",) if self.behaviour_logp else ())
+    minibatch = take_rows({k: upd[k] for k in keys}, jnp.asarray(index), self.rows_sharding)
     minibatch.update(self.fns.pack(upd, upd["tokens"].shape[1], upd["prompt_tokens"].shape[1],
                                    np.asarray(index)))
     minibatch["kl_coef"] = jnp.copy(state.kl_coef)   # own buffer: the state is donated

@@ -20,6 +20,7 @@ from rljax.models.logprobs import (
 from rljax.ops import aggregate as agg
 from rljax.ops import kl as kl_ops
 from rljax.ops import value as value_ops
+from rljax.ops.off_policy import decoupled_ppo_loss
 from rljax.ops.policy_loss import apply_policy_loss
 from rljax.ops.policy_loss_common import clip_by_probability_bt
 from rljax.train.config.specs import LossSpec
@@ -77,7 +78,17 @@ def value_forward(critic, batch):
 
 def policy_terms(spec: LossSpec, logp, batch):
   """Per-token policy loss [B,T] and diagnostics of the run's loss (`spec.policy`, built by
-  the registry's `policy_loss_spec`); Clip-Cov draws its tokens with the rows' key."""
+  the registry's `policy_loss_spec`); Clip-Cov draws its tokens with the rows' key. With
+  stale samples and `algo.off_policy_correction='decoupled'`, AReaL's decoupled PPO
+  (`rljax.ops.off_policy.decoupled_ppo_loss`): the recomputed old log-probs are the
+  proximal policy, the sampler's the behaviour policy."""
+  if spec.decoupled_cap is not None:
+    kwargs = dict(spec.policy.kwargs)
+    return decoupled_ppo_loss(
+        logp, batch["old_logp"], batch["sampler_logp"], batch["advantages"], batch["mask"],
+        eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
+        ratio_level=kwargs["ratio_level"],
+        behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
                            batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 

@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax.ops import advantages_group, masks, mismatch, shaping
+from rljax.ops.off_policy import staleness_metrics
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
-from rljax.train.rollout.batch import RolloutBatch
+from rljax.train.rollout.batch import SEQUENCE_FIELDS, RolloutBatch
 from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
 from rljax.train.update import batch_metrics
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
@@ -48,7 +49,11 @@ def shape_scores(spec, batch: RolloutBatch, moments):
 
 
 def correction_weights(sources, old_logp, sampler_logp, mask):
-  """Train-inference correction weights (TIS / IcePop) per token, or ones."""
+  """Train-inference correction weights (TIS / IcePop) per token, or ones; stale samples'
+  truncated IS weights (`algo.off_policy_correction='tis'`) are the same TIS weights."""
+  if sources.off_policy_correction == "tis":
+    return mismatch.truncated_is_weights(old_logp, sampler_logp, mask, cap=sources.tis_cap,
+                                         level=sources.is_level)
   if sources.is_correction == "none" or sources.old_logp_source == "sampler":
     return jnp.ones_like(old_logp)
   if sources.is_correction == "tis":
@@ -78,6 +83,22 @@ def pf_ppo_filter(spec, upd, key):
   index = np.asarray(advantages_group.pf_ppo_resample(jax.random.fold_in(key, 0x9F), weights))
   unique = len(np.unique(index)) / index.shape[0]
   return {k: v[index] for k, v in upd.items()}, unique
+
+
+def staleness(upd, lags, max_lag: int) -> dict:
+  """`staleness/mean`, `staleness/max` (versions between the sampler and the trainer; `lags`
+  int [B], one per row), and
+  per lag the share of tokens, the mean |log-prob gap| to the sampler and the mean
+  importance weight (`rljax.ops.off_policy.staleness_metrics`)."""
+  mask = upd["completion_mask"]
+  lag_b = jax.device_put(np.asarray(lags, np.int32), mask.sharding)
+  m = staleness_metrics(lag_b, upd["old_logp"], upd["sampler_logp"], mask, max_lag=max_lag)
+  out = {"staleness/mean": float(m.lag_mean), "staleness/max": float(m.lag_max)}
+  for level in range(max_lag + 1):
+    if float(m.token_count_l[level]) > 0:
+      out[f"staleness/lag{level}_logp_gap"] = float(m.logp_gap_abs_l[level])
+      out[f"staleness/lag{level}_is_weight"] = float(m.is_weight_l[level])
+  return out
 
 
 @dataclasses.dataclass
@@ -139,7 +160,7 @@ class Preparer:
       adv = self.distiller.advantages(adv, inputs)
     return adv, returns
 
-  def prepare(self, state, batch: RolloutBatch, update_key, moments):
+  def prepare(self, state, batch: RolloutBatch, update_key, moments, *, iteration: int = 0):
     """Everything the update needs, as device arrays, the rollout's metrics, and the
     reward-normalisation moments after this batch.
 
@@ -148,14 +169,16 @@ class Preparer:
     """
     specs = self.specs
     rows = batch_sharding(self.mesh)
-    # Global arrays from the rollout stay where they are; host rows (dynamic sampling) are
-    # placed, every process holding the same values.
-    seq = {k: jax.device_put(getattr(batch, k), rows) for k in SEQUENCE_KEYS}
+    # The rollout's arrays on the trainer's rows: global arrays already there stay; host rows
+    # (dynamic sampling) and the sampler's own devices' rows are placed here.
+    batch = dataclasses.replace(batch, **{k: jax.device_put(getattr(batch, k), rows)
+                                          for k in SEQUENCE_FIELDS})
+    seq = {k: getattr(batch, k) for k in SEQUENCE_KEYS}
     # completion extent (multi-turn: sampled and observation tokens) for the packing layout
     lengths = {"prompt_lengths": np.asarray(batch.prompt_lengths),
                "lengths": np.asarray(batch.extent)}
     sequences = self.fns.sequences(seq, lengths)
-    sampler_logp = jax.device_put(batch.sampler_logp, rows)
+    sampler_logp = batch.sampler_logp
     mask = seq["mask"].astype(jnp.float32)
     old_logp, entropy, ref_logp, values = self.policy_outputs(state, sequences, sampler_logp)
     scores, moments = shape_scores(specs.shaping, batch, moments)
@@ -183,6 +206,8 @@ class Preparer:
       if key in inputs:
         upd[key] = inputs[key]
     metrics = self.metrics(state, batch, upd, scores, mask, values)
+    if self.specs.rollout.max_staleness:
+      metrics.update(staleness(upd, iteration - batch.versions, self.specs.rollout.max_staleness))
     if specs.weights.pf_ppo != "none":
       upd, metrics["train/pf_ppo_unique_frac"] = pf_ppo_filter(specs.weights, upd, update_key)
     return upd, metrics, moments
