@@ -12,7 +12,6 @@ from rljax.data.tasks import TASKS
 from rljax.models.lora import TARGETS as LORA_TARGETS
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.ops.policy_loss import POLICY_LOSSES
-from rljax.train.config.checks_distill_eval import check_distill, check_eval_sets
 from rljax.train.config.defaults import completion_columns
 
 
@@ -25,8 +24,7 @@ def check_combinations(errors, c):
   """Fields that are valid alone but not together (every feature's own checks)."""
   for check in (_check_advantages_and_rewards, _check_batch_split, _check_task, _check_data_source,
                 _check_rsft, _check_policy_loss_and_reference, _check_user_rewards, _check_lora,
-                _check_env, _check_old_logp_from_update, _check_async, check_distill,
-                check_eval_sets):
+                _check_env, _check_old_logp_from_update, _check_async):
     check(errors, c)
 
 

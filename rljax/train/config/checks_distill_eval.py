@@ -1,5 +1,5 @@
 """Checks of on-policy distillation (`algo.distill_*`) and the named evaluation sets
-(`eval.sets`), one function each (called by `rljax.train.config.checks`)."""
+(`eval.sets`), one function each (called by `rljax.train.config.validation`)."""
 
 from __future__ import annotations
 
