@@ -20,6 +20,7 @@ from rljax.rewards.user import user_reward_terms
 from rljax.train.ablate.runner import plan as ablation_plan
 from rljax.train.ablate.runner import run_ablation
 from rljax.train.config import ConfigError, import_experiment, load_config, validate
+from rljax.train.config.defaults import distill_teacher_dir
 from rljax.train.run.components import build_task
 from rljax.train.run.evaluate_run import evaluate_run, saved_config
 from rljax.train.run.loop import train
@@ -60,6 +61,10 @@ def check_named_files(config) -> list[str]:
                        "and downloads nothing)")
     if value:
       lines.append(f"{field}: {value}")
+  if config.algo.distill_teacher:   # validation checked it exists, or a recipe trains it
+    recipe = config.algo.distill_teacher_recipe
+    lines.append(f"algo.distill_teacher: {distill_teacher_dir(config)}"
+                 + (f" (trained first by {recipe} when absent)" if recipe else ""))
   return lines
 
 

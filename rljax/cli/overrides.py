@@ -6,6 +6,8 @@
   lists         --config.task.reward_fns='["my_rewards.py:concise", "pkg.mod:fn"]'
                 (a Python or JSON list) or comma-separated: --config.model.lora_targets=q,v
   nested groups --config.algo.on_truncated_episode.env_error=drop
+  named sets    --config.eval.sets.hard.size=256 (a set the experiment file defines; its
+                fields are typed like `rljax.train.config.eval_set()`'s)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import difflib
 import json
 import math
 
-from rljax.train.config import ConfigDict, base_config
+from rljax.train.config import ConfigDict, base_config, eval_set
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
@@ -144,6 +146,18 @@ def _node(config, dotted: str):
   return node
 
 
+def _default(base, dotted: str):
+  """The base config's value at `dotted`; a field of a named evaluation set the base config
+  does not have (`eval.sets.NAME.FIELD`: a set an experiment file adds) has the type of
+  `eval_set()`'s field."""
+  parts = dotted.split(".")
+  if len(parts) == 4 and parts[:2] == ["eval", "sets"] and parts[2] not in base.eval.sets:
+    template = eval_set()
+    if parts[3] in template:
+      return template[parts[3]]
+  return _node(base, dotted)
+
+
 def typed_overrides(raw: dict[str, str]) -> dict:
   """{"algo.eps_high": "0.28", ...} -> {"algo.eps_high": 0.28, ...}, each value parsed in
   the type of that field in `base_config()`. A group (e.g. `algo.on_truncated_episode`)
@@ -156,7 +170,7 @@ def typed_overrides(raw: dict[str, str]) -> dict:
   base = base_config()
   out = {}
   for dotted, text in raw.items():
-    default = _node(base, dotted)
+    default = _default(base, dotted)
     if isinstance(default, ConfigDict):
       raise UsageError(f"{dotted} is a group; set its fields one by one, e.g. "
                        f"{dotted}.{sorted(default.keys())[0]}=... (fields: "

@@ -43,6 +43,10 @@ from rljax.ops.aggregate import (
     AGGREGATION_MODES,
     aggregate_parts,
 )
+from rljax.ops.distill import (
+    distill_advantages,
+    distill_reverse_kl,
+)
 from rljax.ops.entropy import (
     AdaptiveEntropyCoef,
     chunked_entropy,
@@ -220,6 +224,8 @@ __all__ = [
     "decoupled_ppo_loss",
     "diagnostics",
     "discounted_returns",
+    "distill_advantages",
+    "distill_reverse_kl",
     "dppo_loss",
     "dro_loss",
     "entropy_bonus",

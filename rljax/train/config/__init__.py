@@ -8,16 +8,18 @@ reads: nothing after `rljax.train.run.build` holds the ConfigDict.
 
 from ml_collections import ConfigDict
 
-from rljax.train.config.defaults import base_config, completion_columns
+from rljax.train.config.defaults import base_config, completion_columns, eval_set
 from rljax.train.config.loading import (
     apply_overrides,
     import_experiment,
     load_config,
     parse_override_value,
+    saved_config,
 )
 from rljax.train.config.validation import ConfigError, validate
 
 __all__ = [
     "ConfigDict", "ConfigError", "apply_overrides", "base_config", "completion_columns",
-    "import_experiment", "load_config", "parse_override_value", "validate",
+    "eval_set", "import_experiment", "load_config", "parse_override_value", "saved_config",
+    "validate",
 ]

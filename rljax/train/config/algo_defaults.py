@@ -1,4 +1,4 @@
-"""The `algo` group of the base config: one flat section, built from three groups of fields.
+"""The `algo` group of the base config: one flat section, built from four groups of fields.
 
 The fields each registered policy loss and advantage estimator owns come from their
 registries beside the kernels (`rljax.ops.policy_loss.POLICY_LOSSES`,
@@ -14,8 +14,9 @@ from rljax.ops.policy_loss import policy_loss_fields
 
 
 def algo_defaults() -> ConfigDict:
-  """The RL algorithm: one flat section, built from three groups of fields."""
-  return ConfigDict({**_algo_objective(), **_algo_regularisers(), **_algo_data()})
+  """The RL algorithm: one flat section, built from four groups of fields."""
+  return ConfigDict({**_algo_objective(), **_algo_regularisers(), **_algo_data(),
+                     **_algo_distill()})
 
 
 def _algo_objective() -> dict:
@@ -128,6 +129,10 @@ def _algo_data() -> dict:
       rsft_steps=2,                 # full-batch NLL steps on the kept completions
       rsft_lr=3e-4,                 # lr of the phase's own AdamW (fresh each phase)
       rsft_min_score=None,          # None: keep every group's best; x: only if best >= x
+      # True: the phases sample from the distillation teacher (algo.distill_teacher), not the
+      # policy: with rsft_k=1 and rsft_min_score=None, SFT on the teacher's samples
+      # (sequence-level KD, Kim & Rush 2016, arXiv:1606.07947)
+      rsft_from_teacher=False,
       # multi-turn episodes that did not end by themselves: keep | mask (no loss, still in
       # the group baseline) | drop (no loss, not in the baseline), per status
       on_truncated_episode=ConfigDict(dict(max_turns="keep", length="keep",
@@ -135,4 +140,24 @@ def _algo_data() -> dict:
       # multi-turn: each turn's step reward on that turn's last sampled token, returns
       # discounted by algo.gamma per turn, advantages against the group's episode returns
       turn_rewards=False,
+  )
+
+
+def _algo_distill() -> dict:
+  """On-policy distillation from a frozen teacher (`rljax.ops.distill`)."""
+  return dict(
+      # "" (off) | an rljax run directory (its config.json and newest checkpoint; the teacher
+      # may differ in width and depth, never in tokenizer) | a local Hugging Face directory.
+      # "{seed}" is replaced by run.seed (one teacher per seed)
+      distill_teacher="",
+      # "" | "experiments/FILE.py[:step]": when algo.distill_teacher holds no checkpoint yet,
+      # that experiment is first trained into it with this run's seed (once; cached there)
+      distill_teacher_recipe="",
+      distill_coef=1.0,             # c in the advantage −c·(log π_s − log π_t) (or the penalty)
+      # advantage: −c·(log π_s − log π_t) per token, added to the task's advantage | reward:
+      # c·(log π_s − log π_t) per token subtracted from the reward (KL-in-reward with the
+      # teacher in place of the reference; GRPO sees it summed over the sequence)
+      distill_mode="advantage",
+      distill_only=False,           # True: the teacher is the only signal (no task reward)
+      distill_teacher_dtype="",     # "" (the teacher's own) | float32 | bfloat16
   )

@@ -15,7 +15,38 @@ def base_config() -> ConfigDict:
   """Every field rljax reads, with defaults for the embedded default run (GRPO)."""
   return ConfigDict(dict(
       run=_run(), model=_model(), task=_task(), sft=_sft(), sampling=_sampling(),
-      algo=algo_defaults(), optim=_optim(), parallel=_parallel()))
+      algo=algo_defaults(), optim=_optim(), parallel=_parallel(), eval=_eval()))
+
+
+EVAL_SET_FIELDS = ("source", "size", "greedy", "temperature", "k")
+
+
+def eval_set(source: str = "heldout", *, size: int = 128, greedy: bool = True,
+             temperature: float = 1.0, k: int = 4) -> ConfigDict:
+  """One entry of `eval.sets` (`c.eval.sets.hard = eval_set("arithmetic:5", k=8)`).
+
+  Args:
+    source: "heldout" (the task's held-out split) | "NAME" or "NAME:LEVEL" (the held-out
+      prompts of a synthetic task, e.g. "arithmetic:5" = 6-term chains) | a JSONL file
+      ("*.jsonl", rows {"prompt", "answer"}).
+    size: prompts (0: all of the source's; a synthetic task makes `size` held-out prompts,
+      0 = task.heldout_size).
+    greedy: also score the greedy completion (`accuracy`, `format`, length).
+    temperature: sampling temperature of the k samples.
+    k: samples per prompt (avg@k, pass@1..k; 0: none).
+  """
+  return ConfigDict(dict(source=source, size=size, greedy=greedy, temperature=temperature,
+                         k=k))
+
+
+def _eval() -> ConfigDict:
+  """Named evaluation sets, each run before RL, every `run.eval_every` iterations and at the
+  end, logged as `eval/<name>/...` (result.json: `heldout_<name>/...`). `heldout`, the
+  run's own held-out split, keeps its keys: `eval/<metric>` and `heldout_*`."""
+  # heldout: size 0 = task.heldout_size prompts; k / temperature None = sampling.eval_n /
+  # sampling.eval_temperature
+  heldout = ConfigDict(dict(source="heldout", size=0, greedy=True, temperature=None, k=None))
+  return ConfigDict(dict(sets=ConfigDict(dict(heldout=heldout))))
 
 
 def _run() -> ConfigDict:
@@ -195,6 +226,26 @@ def _parallel() -> ConfigDict:
   # sampler_tensor), the others train; weights are resharded to the sampler after updates
   return ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0, sampler_devices=0,
                          sampler_tensor=1))
+
+
+def resolved_eval_sets(config) -> dict:
+  """{name: {source, size, greedy, temperature, k}} of `eval.sets`: fields an entry leaves
+  out take `eval_set()`'s defaults, and the `heldout` entry's None k / temperature are
+  `sampling.eval_n` / `sampling.eval_temperature`. Derived here once; nothing is written back."""
+  out = {}
+  for name, entry in config.eval.sets.items():
+    fields = dict(eval_set().to_dict(), **(entry.to_dict() if hasattr(entry, "to_dict") else {}))
+    if fields["k"] is None:
+      fields["k"] = config.sampling.eval_n
+    if fields["temperature"] is None:
+      fields["temperature"] = config.sampling.eval_temperature
+    out[name] = fields
+  return out
+
+
+def distill_teacher_dir(config) -> str:
+  """`algo.distill_teacher` with "{seed}" replaced by `run.seed` ("" when off)."""
+  return str(config.algo.distill_teacher).replace("{seed}", str(config.run.seed))
 
 
 def completion_columns(config) -> int:

@@ -12,10 +12,17 @@ import json
 
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS, estimator_kwargs
 from rljax.ops.policy_loss import policy_loss_spec
-from rljax.train.config.defaults import completion_columns
+from rljax.train.config.defaults import (
+    base_config,
+    completion_columns,
+    distill_teacher_dir,
+    resolved_eval_sets,
+)
 from rljax.train.config.specs import (
     AdvantageSpec,
+    DistillSpec,
     EpisodeSpec,
+    EvalSetSpec,
     LossSpec,
     PolicySourcesSpec,
     RejectionSFTSpec,
@@ -52,6 +59,7 @@ def episode_spec(config) -> EpisodeSpec | None:
 
 def rollout_spec(config) -> RolloutSpec:
   s, a = config.sampling, config.algo
+  heldout = resolved_eval_sets(config)["heldout"]
   return RolloutSpec(
       prompts_per_iteration=int(s.prompts_per_iteration), n=int(s.n),
       max_new_tokens=completion_columns(config), temperature=float(s.temperature),
@@ -59,10 +67,10 @@ def rollout_spec(config) -> RolloutSpec:
       continuous=bool(s.continuous), slots=int(s.slots), share_prefill=bool(s.share_prefill),
       dynamic_sampling=bool(a.dynamic_sampling),
       max_rounds=int(a.dynamic_sampling_max_rounds) if a.dynamic_sampling else 1,
-      greedy_baseline=a.advantage == "remax", eval_n=int(s.eval_n),
-      eval_temperature=float(s.eval_temperature), eval_passk_n=int(s.eval_passk_n),
+      greedy_baseline=a.advantage == "remax", eval_n=int(heldout["k"]),
+      eval_temperature=float(heldout["temperature"]), eval_passk_n=int(s.eval_passk_n),
       eval_passk_prompts=int(s.eval_passk_prompts), max_staleness=int(s.max_staleness),
-      episodes=episode_spec(config))
+      episodes=episode_spec(config), eval_size=int(heldout["size"]))
 
 
 def shaping_spec(config) -> ShapingSpec:
@@ -105,7 +113,8 @@ def schedule_spec(config) -> ScheduleSpec:
   if a.rsft_every:
     rsft = RejectionSFTSpec(every=int(a.rsft_every), k=int(a.rsft_k),
                             prompts=int(a.rsft_prompts), steps=int(a.rsft_steps),
-                            lr=float(a.rsft_lr), min_score=a.rsft_min_score)
+                            lr=float(a.rsft_lr), min_score=a.rsft_min_score,
+                            from_teacher=bool(a.rsft_from_teacher))
   return ScheduleSpec(epochs=int(a.epochs), minibatches=int(a.minibatches),
                       microbatches=int(a.microbatches),
                       critic_warmup_iterations=int(a.critic_warmup_iterations),
@@ -138,6 +147,25 @@ def advantage_spec(config) -> AdvantageSpec:
       gdpo_whiten_over=a.gdpo_whiten_over)
 
 
+def distill_spec(config) -> DistillSpec | None:
+  """On-policy distillation's spec; None without a teacher."""
+  a = config.algo
+  if not a.distill_teacher:
+    return None
+  return DistillSpec(teacher=distill_teacher_dir(config), recipe=str(a.distill_teacher_recipe),
+                     seed=int(config.run.seed), coef=float(a.distill_coef),
+                     mode=str(a.distill_mode), only=bool(a.distill_only),
+                     teacher_dtype=str(a.distill_teacher_dtype))
+
+
+def eval_set_specs(config) -> tuple[EvalSetSpec, ...]:
+  """The named evaluation sets besides `heldout`, in the config's order."""
+  return tuple(EvalSetSpec(name=name, source=str(f["source"]), size=int(f["size"]),
+                           greedy=bool(f["greedy"]), temperature=float(f["temperature"]),
+                           k=int(f["k"]))
+               for name, f in resolved_eval_sets(config).items() if name != "heldout")
+
+
 def sft_cache_key(config, model_description: str) -> str:
   """Hash of everything the warm start depends on (not the RL fields), so every step of an
   ablation, and every run with the same seed, task and model, shares one warm start."""
@@ -150,12 +178,15 @@ def sft_cache_key(config, model_description: str) -> str:
 
 def heldout_key(config, model_description: str) -> str:
   """Hash of everything the evaluation of the start depends on: the warm start, the task,
-  the sampling and evaluation settings, LoRA adapters (an unmerged adapter rounds
-  differently) and the mesh; not the RL fields."""
+  the sampling and evaluation settings (the named sets of `eval.sets` when any differ from
+  the base config), LoRA adapters (an unmerged adapter rounds differently) and the mesh;
+  not the RL fields."""
   parts = {"start": sft_cache_key(config, model_description),
            "sampling": config.sampling.to_dict(), "parallel": config.parallel.to_dict(),
            "lora": [config.model.lora_rank, config.model.lora_alpha,
                     list(config.model.lora_targets)], "format": 1}
+  if config.eval.to_dict() != base_config().eval.to_dict():   # named sets join the summary
+    parts["eval"] = resolved_eval_sets(config)
   return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -180,4 +211,5 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
                shaping=shaping_spec(config), sources=sources_spec(config),
                weights=weights_spec(config), schedule=schedule_spec(config),
                loss=loss_spec(config, pack_groups), advantage=advantage_spec(config),
-               sft=sft_spec(config, model_description))
+               sft=sft_spec(config, model_description), distill=distill_spec(config),
+               eval_sets=eval_set_specs(config))

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import pathlib
 
 from ml_collections import ConfigDict
 
+from rljax.train.config.defaults import base_config
 from rljax.train.config.validation import validate
 
 
@@ -71,3 +73,16 @@ def parse_override_value(text: str):
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
     return text
+
+
+def saved_config(run_dir) -> ConfigDict:
+  """A run's `config.json` over the base config (fields added since it was written keep
+  their defaults; fields removed since are ignored). Not validated."""
+  config = base_config()
+  saved = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
+  for group, fields in saved.items():
+    if group in config and isinstance(fields, dict):
+      for name, value in fields.items():
+        if name in config[group]:
+          config[group][name] = value
+  return config

@@ -69,6 +69,7 @@ class RolloutSpec:
   eval_passk_prompts: int = 0
   max_staleness: int = 0       # batch t is sampled by policy version max(0, t - k)
   episodes: EpisodeSpec | None = None
+  eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,31 @@ class TokenWeightSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistillSpec:
+  """On-policy distillation from a frozen teacher (`rljax.ops.distill`)."""
+
+  teacher: str                 # the teacher's directory ("{seed}" resolved)
+  recipe: str                  # experiment trained into `teacher` when it has no checkpoint
+  seed: int                    # the run's seed (the recipe's)
+  coef: float
+  mode: str                    # advantage | reward
+  only: bool                   # the teacher is the only signal (no task reward)
+  teacher_dtype: str           # "" (the teacher's own) | float32 | bfloat16
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSetSpec:
+  """One named evaluation set of `eval.sets` (other than the run's own `heldout`)."""
+
+  name: str
+  source: str                  # heldout | NAME[:LEVEL] (a synthetic task) | a .jsonl file
+  size: int                    # prompts (0: all of the source's)
+  greedy: bool
+  temperature: float
+  k: int                       # samples per prompt (avg@k, pass@1..k)
+
+
+@dataclasses.dataclass(frozen=True)
 class RejectionSFTSpec:
   """Rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3)."""
 
@@ -138,6 +164,7 @@ class RejectionSFTSpec:
   steps: int
   lr: float
   min_score: float | None
+  from_teacher: bool = False   # the phases sample from the distillation teacher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,5 +252,7 @@ class Specs:
   loss: LossSpec
   advantage: AdvantageSpec
   sft: SFTSpec
+  distill: DistillSpec | None = None
+  eval_sets: tuple[EvalSetSpec, ...] = ()
 
 

@@ -17,6 +17,7 @@ from rljax.ops.kl import KL_ESTIMATORS
 from rljax.ops.policy_loss import POLICY_LOSSES, RATIO_LEVELS
 from rljax.parallel.mesh import select_devices
 from rljax.train.config import checks
+from rljax.train.config.checks_distill_eval import check_distill, check_eval_sets
 from rljax.train.config.defaults import completion_columns
 
 PF_PPO_METHODS = ("none", *advantages_group.PF_PPO_METHODS)
@@ -164,6 +165,8 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
   _check_choices(errors, config)
   _check_ranges(errors, config)
   checks.check_combinations(errors, config)
+  check_distill(errors, config)     # algo.distill_*
+  check_eval_sets(errors, config)   # eval.sets
   available = jax.device_count() if num_devices is None else num_devices
   requested = config.parallel.num_devices
   if requested < 0 or requested > available:

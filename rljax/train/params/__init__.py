@@ -7,7 +7,8 @@ LoRA run's base with the adapters off), how the reference is refreshed, and how 
 is checkpointed and restored. A LoRA run differs from full fine-tuning in three places
 only, all here: the split of the actor into trainable adapters and a frozen base
 (`split`), the merge back (`TrainState.base`, `policy_params`), and the base written once
-beside the step checkpoints (`save` / `restore`).
+beside the step checkpoints (`save` / `restore`). On-policy distillation's frozen teacher
+(`Teacher`) lives beside them, outside the TrainState.
 """
 
 from rljax.train.params.room import Params
@@ -18,6 +19,7 @@ from rljax.train.params.state import (
     place_state,
     policy_params,
 )
+from rljax.train.params.teacher import Teacher
 
-__all__ = ["Params", "TrainState", "init_optimizer_state", "make_optimizer", "place_state",
-           "policy_params"]
+__all__ = ["Params", "Teacher", "TrainState", "init_optimizer_state", "make_optimizer",
+           "place_state", "policy_params"]

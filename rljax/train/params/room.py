@@ -20,6 +20,7 @@ from rljax.train.params.state import (
     place_state,
     policy_params,
 )
+from rljax.train.params.teacher import Teacher
 
 
 @dataclasses.dataclass
@@ -36,6 +37,8 @@ class Params:
     lora: the actor holds LoRA adapters: only they train; the base is frozen and is the
       reference (adapters off).
     critic_from_policy: a fresh critic starts from the warm-started policy's trunk.
+    teacher: the frozen teacher of on-policy distillation (`params.teacher.Teacher`), or
+      None. Outside the TrainState: no gradient, no optimizer state, no checkpoint.
   """
 
   actor_graphdef: object
@@ -50,6 +53,7 @@ class Params:
   lora: bool = False
   critic_from_policy: bool = True
   sampler_mesh: object = None   # the sampler's own devices (None: it shares `mesh`)
+  teacher: Teacher | None = None
 
   def split(self, actor_params):
     """(trainable, frozen base or None): a LoRA actor's adapters and the rest of its full

@@ -22,6 +22,7 @@ from rljax.train.config.from_config import build_specs
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params
 from rljax.train.rollout import RolloutContext, make_rollouts
+from rljax.train.rollout.eval_sets import EvalSet, eval_context
 from rljax.train.run import components
 from rljax.train.update.advantages import gdpo_terms
 
@@ -37,6 +38,7 @@ class Run:
     prompt_sampler: uniform | curriculum | prioritized (`rljax.data.samplers`).
     prompt_index: prompt id -> index into `task.train_prompts()`.
     config_json: the resolved config, written to the run directory.
+    eval_sets: the named evaluation sets of `eval.sets` besides `heldout` (`EvalSet`s).
   """
 
   specs: Specs
@@ -50,10 +52,16 @@ class Run:
   prompt_index: dict
   mesh: object
   config_json: str
+  eval_sets: tuple = ()
 
   @property
   def ctx(self) -> RolloutContext:
     return self.rollouts.ctx
+
+  def heldout_prompts(self) -> list:
+    """The held-out prompts evaluated: the task's split, its first `eval.sets.heldout.size`
+    when that is set."""
+    return self.task.heldout_prompts()[:self.specs.rollout.eval_size or None]
 
 
 def _meshes(config):
@@ -67,7 +75,8 @@ def _meshes(config):
   return mesh, parallel.make_mesh(data=-1, tensor=p.sampler_tensor, devices=sampler)
 
 
-def _params(config, actor, critic, mesh, specs: Specs, sampler_mesh=None) -> Params:
+def _params(config, actor, critic, mesh, specs: Specs, sampler_mesh=None,
+            teacher=None) -> Params:
   parallel.shard_model(actor, mesh)
   if critic is not None:
     parallel.shard_model(critic, mesh)
@@ -79,7 +88,8 @@ def _params(config, actor, critic, mesh, specs: Specs, sampler_mesh=None) -> Par
       actor_tx=components.optimizer(config, config.optim.actor_lr),
       critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
       sources=specs.sources, seed=specs.run.seed, lora=bool(config.model.lora_rank),
-      critic_from_policy=not config.algo.critic_init_path, sampler_mesh=sampler_mesh)
+      critic_from_policy=not config.algo.critic_init_path, sampler_mesh=sampler_mesh,
+      teacher=teacher)
 
 
 def _ood(config, rollouts):
@@ -98,6 +108,22 @@ def _ood(config, rollouts):
   ctx = ctx.replace(task=task, prompt_len=max(ctx.prompt_len, task.max_prompt_len + 1),
                     sampling=ctx.sampling.replace(max_new_tokens=budget))
   return rollouts.with_context(ctx), task.heldout_prompts()
+
+
+def _eval_sets(config, specs: Specs, rollouts, max_positions) -> tuple:
+  """The named evaluation sets (`eval.sets`): each source's prompts, scored by its own
+  verifier, with prompt columns and a budget that fit it (at least the run's budget)."""
+  sets = []
+  for spec in specs.eval_sets:
+    task, prompts, budget = components.eval_set_task(config, spec, rollouts.ctx.task)
+    set_rollouts = rollouts
+    if task is not rollouts.ctx.task:
+      ctx = eval_context(rollouts.ctx, task, prompts, components.verifier_reward(task, config),
+                         budget=max(specs.rollout.max_new_tokens, budget),
+                         max_positions=max_positions)
+      set_rollouts = rollouts.with_context(ctx)
+    sets.append(EvalSet(spec=spec, rollouts=set_rollouts, prompts=tuple(prompts)))
+  return tuple(sets)
 
 
 def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
@@ -131,12 +157,15 @@ def build(config) -> Run:
   prompts = task.train_prompts()
   sampler_options = ({"ramp_steps": config.task.curriculum_steps}
                      if config.task.prompt_sampler == "curriculum" else {})
+  teacher = components.build_teacher(config, tokenizer, model_cfg.vocab_size, mesh)
   return Run(
       specs=specs, task=task, tokenizer=tokenizer, model_cfg=model_cfg,
-      params=_params(config, actor, critic, mesh, specs, sampler_mesh), rollouts=rollouts,
+      params=_params(config, actor, critic, mesh, specs, sampler_mesh, teacher),
+      rollouts=rollouts,
       ood=_ood(config, rollouts),
       prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
                                   **sampler_options),
       prompt_index={p.id: i for i, p in enumerate(prompts)}, mesh=mesh,
-      config_json=config.to_json_best_effort(indent=2, sort_keys=True))
+      config_json=config.to_json_best_effort(indent=2, sort_keys=True),
+      eval_sets=_eval_sets(config, specs, rollouts, model_cfg.max_position_embeddings))
 

@@ -7,9 +7,11 @@ that reads the ConfigDict.
 from __future__ import annotations
 
 import functools
+import pathlib
 
 from flax import nnx
 
+from rljax import parallel
 from rljax.data import sources
 from rljax.data.batching import bucket_length
 from rljax.data.jsonl_task import JsonlTask
@@ -22,8 +24,10 @@ from rljax.models.heads import ValueModel
 from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
 from rljax.rewards.user import user_reward_terms
-from rljax.train.config import ConfigError, completion_columns
-from rljax.train.params import make_optimizer
+from rljax.train.config import ConfigError, completion_columns, saved_config
+from rljax.train.config.defaults import distill_teacher_dir
+from rljax.train.params import Teacher, make_optimizer
+from rljax.train.params.teacher import is_run_dir, restore_run_params, vocabulary
 from rljax.train.rollout import prompt_ids
 
 
@@ -35,9 +39,7 @@ def build_task(config):
   if t.name in ("jsonl", "hf_dataset", "tfds"):
     fields = dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
                   solution_field=t.solution_field)
-    options = dict(fields, answer_extractor=t.answer_extractor, answer_regex=t.answer_regex,
-                   prompt_template=t.prompt_template, n_heldout=t.heldout_size,
-                   format_weight=t.format_weight)
+    options = dict(_record_options(t), n_heldout=t.heldout_size)
     if t.name == "jsonl":
       return JsonlTask(t.jsonl_path, **options)
     if t.name == "hf_dataset":
@@ -54,6 +56,42 @@ def build_task(config):
              if t.name == "calculator" else {})
   return make_task(t.name, difficulty=(t.difficulty, hi), seed=t.seed, n_heldout=t.heldout_size,
                    format_weight=t.format_weight, **options)
+
+
+def _record_options(t) -> dict:
+  """RecordsTask options of the `task` group (fields, answer extraction, template)."""
+  return dict(prompt_field=t.prompt_field, answer_field=t.answer_field,
+              solution_field=t.solution_field, answer_extractor=t.answer_extractor,
+              answer_regex=t.answer_regex, prompt_template=t.prompt_template,
+              format_weight=t.format_weight)
+
+
+def eval_set_task(config, spec, run_task):
+  """(task, prompts, completion budget or 0) of a named evaluation set's source: the run's
+  held-out split, a JSONL file (all its rows, fields as `task.*`), or the held-out prompts
+  of a synthetic task at a level (seeded by `task.seed`; its budget fits its worked
+  solutions, as the `task.ood_difficulty` split's does)."""
+  t = config.task
+  if spec.source == "heldout":
+    return run_task, run_task.heldout_prompts()[:spec.size or None], 0
+  if spec.source.endswith(".jsonl"):
+    task = JsonlTask(spec.source, **_record_options(t))
+    return task, (task.train_prompts() + task.heldout_prompts())[:spec.size or None], 0
+  name, _, level = spec.source.partition(":")
+  difficulty = int(level) if level else (t.difficulty, t.difficulty_max or t.difficulty)
+  options = {"digits": t.digits} if name in ("arithmetic", "calculator") else {}
+  task = make_task(name, difficulty=difficulty, seed=t.seed, n_heldout=spec.size or t.heldout_size,
+                   format_weight=t.format_weight, **options)
+  return task, task.heldout_prompts(), task.max_completion_len + 1
+
+
+def verifier_reward(task, config):
+  """A task's own verifier as a reward (accuracy + weighted format), for evaluation sets."""
+  t = config.task
+  score = functools.lru_cache(maxsize=4096)(task.score)
+  return compose([("accuracy", lambda p, c: score(p, c)["accuracy"], 1.0),
+                  ("format", lambda p, c: score(p, c)["format"], t.format_weight)],
+                 on_failure=t.reward_on_failure, timeout=t.reward_timeout or None)
 
 
 def task_rewards(task, config, tokenizer, max_tokens):
@@ -153,3 +191,57 @@ def optimizer(config, lr):
   o = config.optim
   return make_optimizer(lr, warmup_steps=o.warmup_steps, weight_decay=o.weight_decay,
                                b1=o.b1, b2=o.b2, grad_clip=o.grad_clip)
+
+
+def _teacher_module(teacher_config, tokenizer, dtype):
+  """The model of an rljax run's config (its own width and depth; LoRA adapters when it
+  trained some), its parameters in `dtype` ("": the run's own)."""
+  m = teacher_config.model
+  if m.hf_path:
+    model, _ = load_hf(m.hf_path, dtype=dtype or m.dtype, param_dtype=dtype or None)
+  else:
+    model_cfg = tiny_model_config(teacher_config, tokenizer.vocab_size)
+    if dtype:
+      model_cfg = model_cfg.replace(dtype=dtype, param_dtype=dtype)
+    model = Decoder(model_cfg, rngs=nnx.Rngs(0))
+  if m.lora_rank:
+    add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
+             rngs=nnx.Rngs(0))
+  return model
+
+
+def _check_teacher_vocabulary(source, tokenizer, teacher_tokenizer, vocab_sizes):
+  same = (vocabulary(tokenizer) == vocabulary(teacher_tokenizer) if teacher_tokenizer
+          else vocab_sizes[0] == vocab_sizes[1])
+  if not same:
+    raise ConfigError(
+        f"algo.distill_teacher={source!r}: the teacher's vocabulary differs from the "
+        f"student's (model vocabularies {vocab_sizes[1]} vs {vocab_sizes[0]}); the teacher "
+        "scores the student's token ids, so both must share one tokenizer")
+
+
+def build_teacher(config, tokenizer, student_vocab_size: int, mesh) -> Teacher | None:
+  """The frozen teacher of `algo.distill_teacher` on `mesh`, sharded like the policy (None
+  without one): an rljax run's newest policy parameters, or a Hugging Face checkpoint.
+
+  Raises:
+    ConfigError: its tokenizer differs from the student's (the message names the field).
+  """
+  source, dtype = distill_teacher_dir(config), config.algo.distill_teacher_dtype
+  if not source:
+    return None
+  if is_run_dir(source):
+    teacher_config = saved_config(source)
+    hf = teacher_config.model.hf_path
+    teacher_tokenizer = build_tokenizer(teacher_config, None if hf else build_task(teacher_config))
+    model = _teacher_module(teacher_config, teacher_tokenizer, dtype)
+  else:
+    model, _ = load_hf(source, dtype=dtype or None, param_dtype=dtype or None)
+    has_tokenizer = (pathlib.Path(source) / "tokenizer_config.json").is_file()
+    teacher_tokenizer = HFTokenizer(source) if has_tokenizer else None
+  _check_teacher_vocabulary(source, tokenizer, teacher_tokenizer,
+                            (student_vocab_size, model.cfg.vocab_size))
+  graphdef, params = nnx.split(parallel.shard_model(model, mesh))
+  if is_run_dir(source):
+    params = restore_run_params(source, params, lora=bool(teacher_config.model.lora_rank))
+  return Teacher(graphdef=graphdef, params=params, source=source)

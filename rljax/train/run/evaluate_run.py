@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
 
-from rljax.train.config import ConfigDict, base_config
+from rljax.train.config import saved_config
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import evaluate
+from rljax.train.rollout.eval_sets import evaluate_sets
 from rljax.train.run.build import build
 
-
-def saved_config(run_dir) -> ConfigDict:
-  """The run's `config.json` over the base config (fields added since it was written keep
-  their defaults; fields removed since are ignored)."""
-  config = base_config()
-  saved = json.loads((pathlib.Path(run_dir) / "config.json").read_text())
-  for group, fields in saved.items():
-    if group in config and isinstance(fields, dict):
-      for name, value in fields.items():
-        if name in config[group]:
-          config[group][name] = value
-  return config
+__all__ = ["evaluate_run", "saved_config"]
 
 
 def evaluate_run(run_dir, *, config=None) -> dict:
-  """Held-out accuracy, avg@k and pass@k of the latest readable checkpoint of `run_dir`."""
+  """Held-out accuracy, avg@k and pass@k of the latest readable checkpoint of `run_dir`
+  (and of its named evaluation sets, as `<name>/<metric>`)."""
   run_dir = pathlib.Path(run_dir)
   config = config or saved_config(run_dir)
   run = build(config)
@@ -39,6 +29,8 @@ def evaluate_run(run_dir, *, config=None) -> dict:
     ckpt.close()
   if restored is None:
     raise FileNotFoundError(f"no readable checkpoint in {run_dir}/checkpoints")
-  s = run.specs.rollout
-  return evaluate(run.rollouts, params.model(restored[1]), run.task.heldout_prompts(),
-                  jax.random.key(0), n=s.eval_n, temperature=s.eval_temperature)
+  s, model = run.specs.rollout, params.model(restored[1])
+  out = evaluate(run.rollouts, model, run.heldout_prompts(), jax.random.key(0), n=s.eval_n,
+                 temperature=s.eval_temperature)
+  out.update(evaluate_sets(run.eval_sets, model, jax.random.key(0)))   # eval.sets
+  return out

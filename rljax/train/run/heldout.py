@@ -10,6 +10,7 @@ import numpy as np
 
 from rljax import parallel
 from rljax.train.rollout import evaluate
+from rljax.train.rollout.eval_sets import evaluate_sets
 from rljax.train.rollout.evaluate import evaluate_per_prompt
 from rljax.train.run.build import Run
 
@@ -19,15 +20,17 @@ PER_PROMPT_FILE = "heldout_per_prompt.npz"
 def evaluate_heldout(run: Run, model, key, *, full=False):
   """(summary, per-prompt arrays) on the held-out prompts. `full`: also the
   `task.ood_difficulty` split (as `ood_*`) and pass@large-k (`sampling.eval_passk_n`): the
-  evaluations before and after RL; the periodic ones are lighter."""
+  evaluations before and after RL; the periodic ones are lighter. The named sets of
+  `eval.sets` join the summary as `<name>/<metric>` (every evaluation)."""
   s = run.specs.rollout
   passk = dict(passk_n=s.eval_passk_n, passk_prompts=s.eval_passk_prompts) if full else {}
-  out, per_prompt = evaluate_per_prompt(run.rollouts, model, run.task.heldout_prompts(), key,
+  out, per_prompt = evaluate_per_prompt(run.rollouts, model, run.heldout_prompts(), key,
                                         n=s.eval_n, temperature=s.eval_temperature, **passk)
   if full and run.ood is not None:
     rollouts, prompts = run.ood
     ood = evaluate(rollouts, model, prompts, key, n=s.eval_n, temperature=s.eval_temperature)
     out.update({f"ood_{k}": v for k, v in ood.items()})
+  out.update(evaluate_sets(run.eval_sets, model, key))   # eval.sets: `<name>/<metric>`
   return out, per_prompt
 
 
@@ -61,7 +64,7 @@ def save_per_prompt(run: Run, run_dir, before: dict, after: dict, *, iteration=N
   prompt's greedy correctness, correct count of `eval_n` samples and of `eval_passk_n`;
   with `iteration`, the periodic evaluation after that iteration
   (`heldout_per_prompt_it<iteration>.npz`: where an ablation's effects stop moving)."""
-  arrays = {"prompt_id": np.asarray([p.id for p in run.task.heldout_prompts()]),
+  arrays = {"prompt_id": np.asarray([p.id for p in run.heldout_prompts()]),
             "eval_n": np.asarray(run.specs.rollout.eval_n),
             "passk_n": np.asarray(run.specs.rollout.eval_passk_n)}
   arrays.update({f"before_{k}": v for k, v in before.items()})

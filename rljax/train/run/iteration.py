@@ -32,8 +32,10 @@ class Trainer:
   update_step: object
 
   def compile_count(self) -> int:
-    """Programs compiled so far by the forward passes and the update step."""
-    return self.fns.compile_count() + self.update_step._cache_size()
+    """Programs compiled so far by the forward passes (the teacher's too) and the update step."""
+    distiller = self.preparer.distiller
+    teacher = distiller.fns.compile_count() if distiller is not None else 0
+    return self.fns.compile_count() + self.update_step._cache_size() + teacher
 
 
 def iteration_keys(rng_data, iteration, sample_stream: int = 0):

@@ -12,6 +12,7 @@ import numpy as np
 from rljax import parallel, sampling
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import validate
+from rljax.train.config.from_config import distill_spec
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.run import metrics as run_metrics
 from rljax.train.run.build import build
@@ -21,6 +22,7 @@ from rljax.train.run.iteration import rl_iteration, save_analysis_batch
 from rljax.train.run.rejection_sft import RejectionSFT
 from rljax.train.run.sources import make_source
 from rljax.train.run.stop import StopFlag
+from rljax.train.run.teacher_recipe import train_teacher_if_absent
 from rljax.train.run.trainer import make_trainer, warm_start_fn
 
 
@@ -53,7 +55,7 @@ class _Session:
     if rsft is not None:
       self.rsft = RejectionSFT(rsft, rollouts=self.run.rollouts, task=self.run.task,
                                graphdef=self.run.params.actor_graphdef, mesh=self.run.mesh,
-                               seed=spec.seed)
+                               seed=spec.seed, teacher=self.run.params.teacher)
 
   def start(self):
     """(state, reward moments, first iteration, held-out metrics before RL).
@@ -152,6 +154,7 @@ def train(config, *, stop_after=None):
     stop_after: stop (with a checkpoint) after this many iterations of this call; for tests.
   """
   validate(config)
+  train_teacher_if_absent(distill_spec(config), train)   # algo.distill_teacher_recipe, once
   session = _Session(config)
   state, moments, start, before = session.start()
   session.writer.truncate_after(start)

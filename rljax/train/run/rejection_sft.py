@@ -18,6 +18,11 @@ checkpoint holds everything and resume stays exact. Departures from Llama 2: the
 is the best of this phase's samples only (Llama 2 later pooled the best samples of all
 previous rounds), the sampling temperature is the run's, and the reward is the run's
 (verifier + optional reward model) rather than a preference reward model.
+
+With `algo.rsft_from_teacher` the phases sample from on-policy distillation's frozen
+teacher (`algo.distill_teacher`) instead of the policy: with `rsft_k = 1` and no
+`rsft_min_score` every sample is kept, which is SFT on the teacher's samples (sequence-level
+knowledge distillation, Kim & Rush 2016, arXiv:1606.07947, Sec. 3.2).
 """
 
 from __future__ import annotations
@@ -84,9 +89,12 @@ def kept_batch(rows, kept, num_rows):
 class RejectionSFT:
   """The RS-FT phase of a run; its jitted fine-tune is compiled once (fixed batch shape)."""
 
-  def __init__(self, spec: RejectionSFTSpec, *, rollouts, task, graphdef, mesh, seed: int):
+  def __init__(self, spec: RejectionSFTSpec, *, rollouts, task, graphdef, mesh, seed: int,
+               teacher=None):
     self.spec, self.rollouts, self.task = spec, rollouts, task
     self.graphdef, self.mesh, self.seed = graphdef, mesh, seed
+    # `algo.rsft_from_teacher`: the distillation teacher samples the phases, not the policy
+    self.teacher_model = teacher.model() if spec.from_teacher and teacher is not None else None
     self.tx = optax.chain(optax.clip_by_global_norm(1.0),
                           optax.adamw(spec.lr, b1=0.9, b2=0.99, weight_decay=0.0))
     self.sampling = rollouts.ctx.sampling.replace(n=spec.k)
@@ -119,7 +127,8 @@ class RejectionSFT:
     Args:
       state: the run's TrainState; only `actor` changes.
       iteration: the RL iteration about to run (seeds the prompt draw and the sampling key).
-      model: the policy `state.actor` merged into a module (for the sampler).
+      model: the policy `state.actor` merged into a module (for the sampler; the teacher
+        samples instead with `algo.rsft_from_teacher`).
     Returns:
       `PhaseResult`: rows have B = rsft_prompts·rsft_k samples; the batch has rsft_prompts
       rows (kept first, mask-0 padding after). Nothing kept: state unchanged, no jit call.
@@ -127,6 +136,7 @@ class RejectionSFT:
     spec = self.spec
     t0 = time.perf_counter()
     prompts = phase_prompts(self.task, spec.prompts, self.seed, iteration)
+    model = model if self.teacher_model is None else self.teacher_model
     batch = self.rollouts.sample_and_score(model, prompts, phase_key(state, iteration),
                                            sampling=self.sampling)
     rows = {k: getattr(batch, k) for k in SEQUENCE_KEYS + ("scores", "accuracy", "group_id")}

@@ -7,6 +7,7 @@ import jax
 from rljax.parallel import batch_sharding
 from rljax.train.run.build import Run
 from rljax.train.run.iteration import Trainer
+from rljax.train.update.distill import Distiller
 from rljax.train.update.epochs import Epochs
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.prepare import Preparer
@@ -29,7 +30,8 @@ def make_trainer(run: Run, template) -> Trainer:
                   rows_sharding=batch_sharding(run.mesh), ptx_context=run.ctx,
                   seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens,
                   behaviour_logp=specs.loss.decoupled_cap is not None)
-  preparer = Preparer.create(specs, fns, params, run.mesh, run.ctx.reward_fn)
+  preparer = Preparer.create(specs, fns, params, run.mesh, run.ctx.reward_fn,
+                             distiller=make_distiller(run, num_micro))
   return Trainer(run=run, fns=fns, preparer=preparer, epochs=epochs, update_step=update_step)
 
 
@@ -39,3 +41,13 @@ def warm_start_fn(run: Run):
     return warm_start(run.params.actor_graphdef, run.ctx, params, spec=run.specs.sft,
                       seed=run.specs.run.seed, progress=run.specs.run.progress, frozen=frozen)
   return start
+
+
+def make_distiller(run: Run, num_micro: int) -> Distiller | None:
+  """On-policy distillation's teacher side: a jitted forward of the teacher's own graph
+  definition (micro-batched and packed like the policy's), or None without a teacher."""
+  teacher = run.params.teacher
+  if teacher is None:
+    return None
+  fns = ForwardFns(run.specs.loss, teacher.graphdef, None, num_micro=num_micro, mesh=run.mesh)
+  return Distiller(spec=run.specs.distill, fns=fns, teacher=teacher)

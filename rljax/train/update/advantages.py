@@ -5,7 +5,9 @@ Group estimators see the rollout as `[P, G]` (P prompts, G samples, prompt-major
 `rljax.ops.estimators.ADVANTAGE_ESTIMATORS`. Token estimators (GAE, REINFORCE++) see
 per-token rewards `r_t = 1[t = last]·score − β·KL_t`. For sequence-level estimators the
 KL penalty, when placed in the reward, is summed over the sequence and subtracted from the
-score before the baseline (TRL's RLOO does the same).
+score before the baseline (TRL's RLOO does the same). On-policy distillation's per-token
+penalty c·(log π_s − log π_t) (`algo.distill_mode="reward"`) enters the same way, with the
+teacher in place of the reference.
 """
 
 from __future__ import annotations
@@ -34,9 +36,16 @@ def _to_groups(x, g):
   return x.reshape(-1, g, *x.shape[1:])
 
 
-def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
+def _minus_penalty(seq_scores, penalty_bt):
+  """Sequence scores less the sum of a per-token penalty (on-policy distillation's)."""
+  return seq_scores if penalty_bt is None else seq_scores - jnp.sum(penalty_bt, axis=1)
+
+
+def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
   """(advantages, returns) of the token-level estimators."""
   rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
+  if penalty_bt is not None:   # on-policy distillation in the reward: r_t −= c·d_t
+    rewards_bt = rewards_bt - penalty_bt
   g, kwargs = spec.group_size, dict(spec.kwargs)
   if spec.estimator == "gae":
     return adv_ops.gae(rewards_bt, batch["values"], mask, gamma=spec.gamma, lam=spec.lam)
@@ -51,13 +60,13 @@ def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
         _to_groups(batch["sum_sq"], g), _to_groups(mask, g), **kwargs).reshape(mask.shape)
     return advantages, returns
   # reinforce_pp_baseline
-  seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
+  seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
   advantages = adv_ops.reinforce_pp_baseline_advantages(
       seq_scores.reshape(-1, g), _to_groups(mask, g)).reshape(mask.shape)
   return advantages, advantages
 
 
-def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
+def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
   """Advantages of a sequence-level estimator (or GDPO), broadcast over each row's tokens."""
   g = spec.group_size
   valid_pg = batch["valid"].reshape(-1, g)
@@ -68,7 +77,7 @@ def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef):
         whiten_over=spec.gdpo_whiten_over,
         lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g)).reshape(-1)
   else:
-    seq_scores = scores - kl_coef * jnp.sum(kl_bt, axis=1)
+    seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
     greedy = batch.get("greedy_scores")
     inputs = GroupInputs(mask_bg=valid_pg,
                          lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g),
@@ -86,7 +95,9 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
   Args:
     spec: static choices.
     batch: dict with scores [B], valid [B] (sequences that count), mask [B,T], old_logp,
-      optionally ref_logp [B,T], values [B,T], greedy_scores [B], reward_components [B,K].
+      optionally ref_logp [B,T], values [B,T], greedy_scores [B], reward_components [B,K],
+      distill_penalty [B,T] (on-policy distillation in the reward: c·(log π_s − log π_t),
+      subtracted from each token's reward, or its sum from a sequence's score).
     kl_coef: current β (scalar array).
   Returns:
     (advantages [B,T], returns [B,T], kl_bt [B,T] or zeros).
@@ -96,8 +107,11 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
   kl_bt = jnp.zeros(mask.shape, jnp.float32)
   if spec.kl_in_reward:
     kl_bt = kl_ops.kl_estimate(batch["old_logp"], batch["ref_logp"], spec.kl_estimator) * mask
+  penalty_bt = batch.get("distill_penalty")
+  if penalty_bt is not None:
+    penalty_bt = penalty_bt * mask
   estimate = _token_level if spec.token_level else _sequence_level
-  advantages, returns = estimate(spec, batch, scores, kl_bt, mask, kl_coef)
+  advantages, returns = estimate(spec, batch, scores, kl_bt, mask, kl_coef, penalty_bt)
   if spec.whiten:
     advantages = adv_ops.whiten(advantages, mask)
   return advantages * mask, returns * mask, kl_bt

@@ -20,6 +20,7 @@ from rljax.train.rollout.batch import SEQUENCE_FIELDS, RolloutBatch
 from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
 from rljax.train.update import batch_metrics
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
+from rljax.train.update.distill import Distiller, distill_metrics
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
 
 
@@ -110,11 +111,13 @@ class Preparer:
   params: Params
   mesh: object
   reward_names: tuple = ()    # GDPO: the weighted components, in `gdpo_terms` order
+  distiller: Distiller | None = None   # on-policy distillation's teacher (algo.distill_*)
 
   @classmethod
-  def create(cls, specs, fns, params, mesh, reward_fn):
+  def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
     names = gdpo_terms(reward_fn)[0] if specs.advantage.reward_weights else ()
-    return cls(specs=specs, fns=fns, params=params, mesh=mesh, reward_names=names)
+    return cls(specs=specs, fns=fns, params=params, mesh=mesh, reward_names=names,
+               distiller=distiller)
 
   def policy_outputs(self, state, sequences, sampler_logp):
     """(old log-probs, entropies, reference log-probs, values) of the batch's tokens."""
@@ -140,7 +143,10 @@ class Preparer:
 
   def advantages(self, state, batch: RolloutBatch, inputs, sequences):
     """(advantages [B,T], returns [B,T]) of the run's estimator (per-turn returns for a
-    multi-turn run with `algo.turn_rewards`)."""
+    multi-turn run with `algo.turn_rewards`), with on-policy distillation's term in the
+    reward or the advantage when the run has a teacher."""
+    if self.distiller is not None:   # the teacher's log-probs (and reward penalty)
+      self.distiller.score(inputs, sequences)
     if self.specs.advantage.estimator == "optimal_token_baseline":   # sampling policy's Σπ²
       inputs["sampled_logp"], inputs["sum_sq"] = self.fns.policy_sum_sq(policy_params(state),
                                                                         sequences)
@@ -151,6 +157,8 @@ class Preparer:
                                                   self.specs.rollout.n),
                            batch_sharding(self.mesh))
       returns = adv
+    if self.distiller is not None:
+      adv = self.distiller.advantages(adv, inputs)
     return adv, returns
 
   def prepare(self, state, batch: RolloutBatch, update_key, moments, *, iteration: int = 0):
@@ -195,8 +203,9 @@ class Preparer:
         is_weights=correction_weights(specs.sources, old_logp, sampler_logp, mask),
         rng=jax.random.key_data(jax.random.split(update_key, mask.shape[0])),
         sampler_logp=sampler_logp, completion_mask=seq["mask"], **lengths)
-    if "reward_components" in inputs:
-      upd["reward_components"] = inputs["reward_components"]
+    for key in ("reward_components", "teacher_logp"):
+      if key in inputs:
+        upd[key] = inputs[key]
     metrics = self.metrics(state, batch, upd, scores, mask, values)
     if self.specs.rollout.max_staleness:
       metrics.update(staleness(upd, iteration - batch.versions, self.specs.rollout.max_staleness))
@@ -218,6 +227,8 @@ class Preparer:
     if source != "update":
       metrics.update(batch_metrics.old_policy_metrics(
           upd, with_ref=self.params.has_reference(state)))
+    if "teacher_logp" in upd:   # on-policy distillation
+      metrics.update(distill_metrics(upd))
     if state.critic is not None:
       metrics["critic/explained_variance"] = batch_metrics.explained_variance(
           upd["returns"], values, mask)
