@@ -58,21 +58,31 @@ def _nbytes(tree):
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _sequences(setup, b):
+def _built(config):
+  """(run, fresh placed state, compiled iteration pieces): the trainer internals this
+  benchmark needs, imported here only."""
+  from rljax.train.run.build import build
+  from rljax.train.run.trainer import make_trainer
+  run = build(config)
+  state = run.params.init_state(run.params.initial_actor)
+  return run, state, make_trainer(run, state)
+
+
+def _sequences(run, b):
   import jax
   import jax.numpy as jnp
-  t, p = setup.config.sampling.max_new_tokens, setup.ctx.prompt_len
+  t, p = run.specs.rollout.max_new_tokens, run.ctx.prompt_len
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
   return {"prompt_tokens": i32(b, p), "prompt_mask": i32(b, p), "tokens": i32(b, t),
           "mask": i32(b, t)}
 
 
-def _minibatch(setup, b):
+def _minibatch(run, b):
   import jax
   import jax.numpy as jnp
-  t = setup.config.sampling.max_new_tokens
+  t = run.specs.rollout.max_new_tokens
   f32 = jax.ShapeDtypeStruct((b, t), jnp.float32)
-  mb = _sequences(setup, b)
+  mb = _sequences(run, b)
   mb.update({k: f32 for k in ("old_logp", "ref_logp", "advantages", "returns", "old_values",
                               "token_weights", "is_weights")})
   mb["rng"] = jax.ShapeDtypeStruct((b, 2), jnp.uint32)
@@ -93,7 +103,7 @@ def _use_naive_logprobs(enabled):
   [B,T,V] float32 logits and softmax at once, as a non-chunked trainer computes them),
   or back at the default chunking. The code has no config switch for the chunk size."""
   from rljax.models import logprobs
-  from rljax.train import objective
+  from rljax.train.update import objective
   objective.token_logprobs_and_entropy = (
       functools.partial(logprobs.token_logprobs_and_entropy, chunk_size=1 << 30) if enabled
       else logprobs.token_logprobs_and_entropy)
@@ -103,21 +113,17 @@ def measure(a, row):
   """Memory of the update step and of the rollout forward for one configuration."""
   import jax.numpy as jnp
 
-  from rljax.train import iteration
-  from rljax.train import setup as setup_lib
-  from rljax.train.update import policy_params
+  from rljax.train.params.state import policy_params
   _use_naive_logprobs(row.get("naive", False))
   config = _config(a, a.seq, **row["config"])
-  setup = setup_lib.build(config)
-  with_ref = config.algo.kl_placement != "none"
-  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=with_ref)
-  setup_lib.compile_update(setup, state)
+  run, state, trainer = _built(config)
+  with_ref = state.ref is not None or (state.base is not None
+                                       and config.algo.kl_placement != "none")
   b = a.batch
-  update = _stats(setup.update_step.lower(state, _minibatch(setup, b), jnp.asarray(True))
+  update = _stats(trainer.update_step.lower(state, _minibatch(run, b), jnp.asarray(True))
                   .compile())
   full = policy_params(state)   # LoRA: the base merged with the adapters
-  forward = _stats(iteration.ForwardFns(setup).policy_stats
-                   .lower(full, _sequences(setup, b)).compile())
+  forward = _stats(trainer.fns.policy_stats.lower(full, _sequences(run, b)).compile())
   params, opt = _nbytes(full), _nbytes(state.actor_opt)
   ref_dev = 0 if state.ref is None or config.algo.reference_offload else _nbytes(state.ref)
   ref_host = _nbytes(state.ref) if state.ref is not None and not ref_dev else 0
@@ -129,14 +135,14 @@ def measure(a, row):
     phases["ref_forward"] = forward["peak"] + opt + _nbytes(state.actor)
   out = {"name": row["name"], "params": params, "opt": opt, "ref_device": ref_dev,
          "ref_host": ref_host, "update": update, "forward": forward, "phases": phases,
-         "device_peak": max(phases.values()), "prompt_len": setup.ctx.prompt_len,
+         "device_peak": max(phases.values()), "prompt_len": run.ctx.prompt_len,
          "completion_len": config.sampling.max_new_tokens, "trainable": _nbytes(state.actor)}
   if a.time:
-    out["step_s"] = time_update(setup, state, b, repeats=a.time)
+    out["step_s"] = time_update(run, trainer, state, b, repeats=a.time)
   return out
 
 
-def time_update(setup, state, b, *, repeats):
+def time_update(run, trainer, state, b, *, repeats):
   """Median wall seconds of the real update step on random inputs (after one warm-up)."""
   import time
 
@@ -144,7 +150,7 @@ def time_update(setup, state, b, *, repeats):
   import jax.numpy as jnp
   import numpy as np
   rng = np.random.default_rng(0)
-  spec = _minibatch(setup, b)
+  spec = _minibatch(run, b)
   mb = {k: jnp.asarray(rng.integers(3, 90, s.shape).astype(s.dtype) if s.dtype == jnp.int32
                        else rng.random(s.shape).astype(s.dtype)) for k, s in spec.items()}
   mb["mask"] = jnp.ones_like(mb["mask"])
@@ -152,7 +158,7 @@ def time_update(setup, state, b, *, repeats):
   times = []
   for i in range(repeats + 1):
     t0 = time.perf_counter()
-    state, metrics = setup.update_step(state, mb, train)
+    state, metrics = trainer.update_step(state, mb, train)
     jax.block_until_ready((state, metrics))
     if i:
       times.append(time.perf_counter() - t0)
@@ -215,18 +221,14 @@ def _rss_child(a):
   import jax.numpy as jnp
   import numpy as np
 
-  from rljax.train import setup as setup_lib
-  config = _config(a, a.rss_seq)
-  setup = setup_lib.build(config)
-  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=False)
-  setup_lib.compile_update(setup, state)
-  spec = _minibatch(setup, a.batch)
+  run, state, trainer = _built(_config(a, a.rss_seq))
+  spec = _minibatch(run, a.batch)
   rng = np.random.default_rng(0)
   mb = {k: jnp.asarray(rng.integers(3, 90, s.shape).astype(s.dtype) if s.dtype == jnp.int32
                        else rng.random(s.shape).astype(s.dtype)) for k, s in spec.items()}
   mb["mask"] = jnp.ones_like(mb["mask"])
   train = jnp.asarray(True)
-  compiled = setup.update_step.lower(state, mb, train).compile()
+  compiled = trainer.update_step.lower(state, mb, train).compile()
   est = _stats(compiled)
   jax.block_until_ready((state, mb))
   page = os.sysconf("SC_PAGE_SIZE")
@@ -239,7 +241,7 @@ def _rss_child(a):
       time.sleep(0.0005)
   thread = threading.Thread(target=poll)
   thread.start()
-  new_state, _ = setup.update_step(state, mb, train)
+  new_state, _ = trainer.update_step(state, mb, train)
   jax.block_until_ready(new_state)
   done.set()
   thread.join()

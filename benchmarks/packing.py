@@ -32,8 +32,11 @@ ROWS, PROMPT, COMPLETION = 64, 32, 256
 
 
 def _setup(pack: bool):
-  from rljax.train import setup as setup_lib
+  """(the run, a fresh placed state, the compiled iteration pieces) of the packed or padded
+  configuration; the trainer internals a benchmark needs, imported here only."""
   from rljax.train.config import load_config
+  from rljax.train.run.build import build
+  from rljax.train.run.trainer import make_trainer
   over = {"model.vocab_size": 512, "model.hidden_size": 256, "model.intermediate_size": 768,
           "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
           "model.head_dim": 64, "model.max_position_embeddings": 1024,
@@ -42,10 +45,9 @@ def _setup(pack: bool):
           "sft.steps": 0, "algo.pack_sequences": pack,
           "run.dir": tempfile.mkdtemp(prefix="rljax-pack-")}
   config = load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
-  setup = setup_lib.build(config)
-  state = setup_lib.init_state(setup, setup.initial_actor, with_reference=False)
-  setup_lib.compile_update(setup, state)
-  return setup, state
+  run = build(config)
+  state = run.params.init_state(run.params.initial_actor)
+  return run, state, make_trainer(run, state)
 
 
 def _batch(rng):
@@ -75,25 +77,23 @@ def main():
   import jax.numpy as jnp
   import numpy as np
 
-  from rljax.train.iteration import pack_batch
-
   load_before = os.getloadavg()[0]
   rng = np.random.default_rng(0)
   batch, p_len, c_len = _batch(rng)
   real = int((p_len + c_len).sum())
   sides = {}
   for name, pack in (("packed", True), ("padded", False)):
-    setup, state = _setup(pack)
+    _, state, trainer = _setup(pack)
     mb = {k: jnp.asarray(v) for k, v in batch.items()}
     if pack:
-      mb.update(pack_batch(setup, {"prompt_lengths": p_len, "lengths": c_len}, COMPLETION,
-                           PROMPT))
+      mb.update(trainer.fns.pack({"prompt_lengths": p_len, "lengths": c_len}, COMPLETION,
+                                 PROMPT))
     train = jnp.asarray(True)
-    compiled = setup.update_step.lower(state, mb, train).compile()
+    compiled = trainer.update_step.lower(state, mb, train).compile()
     m = compiled.memory_analysis()
     peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
             - m.alias_size_in_bytes)
-    sides[name] = {"setup": setup, "state": state, "mb": mb, "peak": peak, "times": [],
+    sides[name] = {"trainer": trainer, "state": state, "mb": mb, "peak": peak, "times": [],
                    "rows": int(mb["pack_src"].shape[0]) if pack else ROWS}
   losses = {}
   for i in range(args.reps + 1):
@@ -103,7 +103,7 @@ def main():
       state = jax.tree.map(jnp.copy, side["state"])
       jax.block_until_ready(state)
       t0 = time.perf_counter()
-      _, metrics = side["setup"].update_step(state, side["mb"], jnp.asarray(True))
+      _, metrics = side["trainer"].update_step(state, side["mb"], jnp.asarray(True))
       jax.block_until_ready(metrics)
       dt = time.perf_counter() - t0
       if i:

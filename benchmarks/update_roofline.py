@@ -79,7 +79,7 @@ def worker(reps: int) -> dict:
     load_into_rljax,
   )
 
-  from rljax.train import objective
+  from rljax.train.update import objective
 
   n = 1024
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)

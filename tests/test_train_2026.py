@@ -116,7 +116,7 @@ def test_options_without_an_experiment_file_train(extra, tmp_path):
      "algo.ref_refresh_every=0"),
     ({"algo.ref_reset_optimizer": True}, "algo.ref_reset_optimizer"),
     ({"algo.ref_mix_alpha": 1.5}, "algo.ref_mix_alpha"),
-    ({"algo.sapo_tau_neg": 0.0}, "algo.sapo_tau_neg"),
+    ({"algo.policy_loss": "sapo", "algo.sapo_tau_neg": 0.0}, "algo.sapo_tau_neg"),
     ({"algo.pf_ppo": "top"}, "'max_random'"),
     ({"algo.advantage": "opo", "sampling.n": 1}, "algo.advantage='opo'"),
     ({"algo.pf_ppo": "pow", "algo.old_logp_source": "update"}, "algo.pf_ppo"),

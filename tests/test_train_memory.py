@@ -37,9 +37,9 @@ def _spy(monkeypatch, seen):
   iteration starts and after its updates."""
   prepare, run_updates = PREPARE, RUN_UPDATES
 
-  def spy_prepare(preparer, state, *args):
+  def spy_prepare(preparer, state, *args, **kwargs):
     seen["ref_kinds"].append(_kinds(state.ref))
-    upd, metrics, moments = prepare(preparer, state, *args)
+    upd, metrics, moments = prepare(preparer, state, *args, **kwargs)
     seen["ref_logp"].append(np.asarray(upd["ref_logp"]))
     return upd, metrics, moments
 

@@ -89,8 +89,9 @@ def policy_terms(spec: LossSpec, logp, batch):
         eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
         ratio_level=kwargs["ratio_level"],
         behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
+  key = jax.random.wrap_key_data(batch["rng"][0]) if "rng" in batch else None
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
-                           batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
+                           batch["mask"], key=key)
 
 
 def denominators(spec: LossSpec, mask):
