@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from rljax.analysis import effects
+from rljax.analysis import ablation_report, effects
 
 T_975_DF2 = 4.302652729911275   # Student t quantile t_{0.975, 2} (printed tables: 4.303)
 Z_975, Z_80 = 1.959963984540054, 0.8416212335729143
@@ -181,7 +181,7 @@ def _toy_results():
 
 
 def test_report_schema_on_two_steps_and_two_seeds():
-  report = effects.effects_report(_toy_results(), seeds=[3, 7], lower_is_better=("wall_s",))
+  report = ablation_report.effects_report(_toy_results(), seeds=[3, 7], lower_is_better=("wall_s",))
   json.dumps(report)                                         # plain Python types
   assert [s["name"] for s in report["steps"]] == ["naive", "clip_higher"]
   first, second = report["steps"]
@@ -214,13 +214,13 @@ def test_report_compares_with_previous_and_first():
   steps = {name: [{"x": base + seed} for seed in (0.0, 0.1, 0.3)]
            for name, base in (("a", 0.0), ("b", 1.0), ("c", 3.0))}
   steps["c"][1]["x"] += 0.05
-  report = effects.effects_report(steps, lower_is_better=("x",))
+  report = ablation_report.effects_report(steps, lower_is_better=("x",))
   third = report["steps"][2]
   assert third["effects_vs_previous"]["x"]["mean"] == pytest.approx(2.05 / 3 + 2 * 2 / 3)
   assert third["effects_vs_first"]["x"]["mean"] == pytest.approx(3.0 + 0.05 / 3)
   assert third["effects_vs_first"]["x"]["verdict"] == "worse"   # lower is better, x went up
   with pytest.raises(ValueError):
-    effects.effects_report({"a": [{"x": 1.0}], "b": [{"x": 1.0}, {"x": 2.0}]})
+    ablation_report.effects_report({"a": [{"x": 1.0}], "b": [{"x": 1.0}, {"x": 2.0}]})
 
 
 def test_markdown_table_and_forest_plot(tmp_path):
@@ -230,8 +230,8 @@ def test_markdown_table_and_forest_plot(tmp_path):
     results[step] = [{"heldout_avg@8": np.clip(0.4 + lift + 0.02 * s + rng.normal(0, 0.1, 64),
                                                0, 1),
                       "entropy": 0.5 + lift + 0.01 * s} for s in range(4)]
-  report = effects.effects_report(results, n_boot=500)
-  text = effects.effects_markdown(report)
+  report = ablation_report.effects_report(results, n_boot=500)
+  text = ablation_report.effects_markdown(report)
   lines = text.splitlines()
   header = next(line for line in lines if line.startswith("| step"))
   assert header == "| step | heldout_avg@8 (pts) | entropy |"
@@ -241,5 +241,5 @@ def test_markdown_table_and_forest_plot(tmp_path):
   assert re.search(r"none \([+-]\d+\.\d ± \d+\.\d\)|\] (better|worse)",
                    next(line for line in lines if line.startswith("| overlong |")))
   assert "Smallest effects detectable" in text and "4 seeds and 64 prompts" in text
-  path = effects.plot_effects(report, tmp_path / "forest.png")
+  path = ablation_report.plot_effects(report, tmp_path / "forest.png")
   assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

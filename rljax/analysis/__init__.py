@@ -8,15 +8,13 @@ Cov(log π, A), clipped tokens by probability). Per batch and pair of loss varia
 `detectable_effect`, `effects_report` with `effects_markdown` and `plot_effects`.
 """
 
+from rljax.analysis.ablation_report import effects_markdown, effects_report, plot_effects
 from rljax.analysis.effects import (
     Effect,
     detectable_effect,
-    effects_markdown,
-    effects_report,
     iqm,
     paired_effect,
     pass_at_k_outcome,
-    plot_effects,
 )
 from rljax.analysis.passk import (
     avg_at_k,

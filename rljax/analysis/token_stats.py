@@ -16,8 +16,8 @@ import chex
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.ops.policy_loss import token_covariance
 from rljax.ops.policy_loss_common import clip_by_probability_bt  # noqa: F401 (public here too)
+from rljax.ops.policy_loss_cov import token_covariance
 from rljax.ops.stats import masked_mean
 
 ENTROPY_QUANTILES = (0.1, 0.5, 0.9)
@@ -79,7 +79,7 @@ def logp_advantage_covariance(logp_bt, advantages_bt, mask):
   Language Models", arXiv:2505.22617, §3 (under natural policy gradient the entropy
   change is ΔH ≈ −η·Cov(log π, A); positive covariance means entropy falls) and §4.2
   (the token-wise centred cross-product that Clip-Cov and KL-Cov rank tokens by; this
-  is its mean, computed with the same op, `rljax.ops.policy_loss.token_covariance`).
+  is its mean, computed with the same op, `rljax.ops.policy_loss_cov.token_covariance`).
 
   Note: the paper's covariance is per state under π; this is the batch estimate over
   sampled tokens (population form, divisor N), which is what the paper plots.

@@ -9,7 +9,7 @@ import json
 import math
 import pathlib
 
-from rljax.analysis.effects import effects_markdown, effects_report, plot_effects
+from rljax.analysis.ablation_report import effects_markdown, effects_report, plot_effects
 from rljax.train.ablate.outcomes import periodic_iterations, periodic_outcomes
 from rljax.train.ablate.table import markdown_table, overlay_plot
 

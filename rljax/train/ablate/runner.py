@@ -17,7 +17,7 @@ import time
 import zlib
 
 from rljax import analysis
-from rljax.analysis.effects import effects_report
+from rljax.analysis.ablation_report import effects_report
 from rljax.analysis.runs import load_batch, read_records
 from rljax.train.ablate import report as report_lib
 from rljax.train.ablate.compile_cache import CompileCounter, enable_persistent_cache
