@@ -77,9 +77,10 @@ def worker(reps: int) -> dict:
     RljaxGRPO,
     build_hf,
     load_into_rljax,
+    trainer_modules,
   )
 
-  from rljax.train import objective
+  objective = trainer_modules().objective
 
   n = 1024
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
