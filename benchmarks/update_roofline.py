@@ -2,7 +2,7 @@
 
 Roofline: median GFLOP/s of a 1024³ fp32 `jnp.dot`. Update step: the trainer's jitted
 `update_step` (`rljax.train.update.build_update_step`: forward + backward + AdamW, one
-micro-batch) on the shared GRPO workload of ../shared/PERF_NOTES.md (tiny Qwen2, 64
+micro-batch) on the shared GRPO workload of benchmarks/README.md (tiny Qwen2, 64
 sequences of 32 prompt + 96 completion tokens, lm head only on the completion
 positions). FLOPs are analytic: 2·M·K·N per matmul (attention scores and values over
 the full S×S square included), x3 for forward + backward = 172.3 GFLOP; the forward
