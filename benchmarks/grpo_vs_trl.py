@@ -591,14 +591,15 @@ def mismatches(a: dict, b: dict, fields=COMPARED) -> list[str]:
   return [f for f in fields if a.get(f, "<missing>") != b.get(f, "<missing>")]
 
 
-def print_configs(configs: dict[str, dict]) -> None:
-  """Both configurations side by side (compared fields first, marked `!=` when different)."""
+def print_configs(configs: dict[str, dict], fields=COMPARED) -> None:
+  """Both configurations side by side: the compared `fields` first (marked `!=` when they
+  differ), then the other reported fields (marked `.`)."""
   names = list(configs)
-  keys = list(COMPARED) + sorted({k for c in configs.values() for k in c} - set(COMPARED))
-  bad = set(mismatches(*configs.values())) if len(names) == 2 else set()
+  keys = list(fields) + sorted({k for c in configs.values() for k in c} - set(fields))
+  bad = set(mismatches(*configs.values(), fields=fields)) if len(names) == 2 else set()
   print(f"{'field':26s} " + " | ".join(f"{n:44s}" for n in names))
   for k in keys:
-    mark = "!=" if k in bad else ("  " if k in COMPARED else " .")
+    mark = "!=" if k in bad else ("  " if k in fields else " .")
     vals = " | ".join(f"{str(configs[n].get(k, '-'))[:44]:44s}" for n in names)
     print(f"{mark}{k:24s} {vals}")
 
