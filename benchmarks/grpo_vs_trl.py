@@ -1,46 +1,59 @@
-"""One GRPO iteration: rljax vs TRL `GRPOTrainer` on the same tiny Qwen2 and the same work.
+"""One GRPO iteration: rljax vs TRL `GRPOTrainer`, each in its own process, same work checked.
 
-Workload (../shared/PERF_NOTES.md): Qwen2 layout, vocab 512, width 256, MLP 768, 4 layers,
-4 query heads x 64, 2 KV heads, untied lm head, rope θ 1e4, random weights built with
-torch from a fixed seed, saved with `save_pretrained` and loaded into rljax with
-`rljax.models.load_hf`. One step = 8 prompts of 32 tokens x 8 generations = 64
-completions of exactly 96 tokens (no early stop), random rewards, GRPO advantages, one
-AdamW update (lr 1e-5, grad-norm clip 1.0), no reference model (beta 0), one process on
-the CPU. Both frameworks see the same prompt token ids: TRL gets them as strings of 32
-space-separated words over a 512-word `WordLevel` tokenizer.
+Workload (default, the shared tiny one): Qwen2 layout, vocab 512, width 256, MLP 768, 4
+layers, 4 query heads x 64, 2 KV heads, untied lm head, rope θ 1e4, random weights built
+with torch from a fixed seed and saved once with `save_pretrained`; rljax loads them with
+`rljax.models.load_hf`, TRL with `from_pretrained`. One step = 8 prompts of 32 tokens x 8
+generations = 64 completions of exactly 96 tokens (no early stop), random rewards, GRPO
+advantages (group mean and std), one AdamW update (lr 1e-5, grad-norm clip 1.0), no
+reference model (beta 0). TRL sees the same prompt ids as strings of space-separated words
+over a `WordLevel` tokenizer. `benchmarks/real_shapes.py` runs the same pair at
+Qwen2.5-0.5B's shapes.
 
-rljax is timed piece by piece with the trainer's own pieces, exactly as
-`rljax.train.iteration.rl_iteration` runs them with `algo.old_logp_source="update"`
-(rollout -> host rows -> advantages -> one jitted `update_step` whose forward pass also
-gives the old log-probs, under stop-gradient):
+A fair comparison, checked. Each side runs in its own worker process (this script with
+`--worker rljax|trl`), pinned to the same CPUs (`--threads N`, default all of them): XLA
+sizes its thread pool from the CPU affinity, torch gets `set_num_threads(N)`. Both
+workers report their configuration as measured from their own objects (TRL's
+`GRPOConfig` after its defaults are resolved, the model's parameter dtype, torch's thread
+count; rljax's trainer config, model dtype and CPU set), in one vocabulary (`COMPARED`):
+dtype (float32), threads, prompts, samples per prompt, prompt and completion lengths, loss
+aggregation (rljax `seq_mean_token_mean` = TRL `loss_type="grpo"`), clip range, KL
+coefficient, optimizer, updates per rollout, activation checkpointing, sampling filters.
+The script prints both and exits with status 2, naming the field, when they differ —
+before any step is timed; after the run it checks what each side observed (completion
+tokens per step, optimizer steps taken) the same way.
 
-  generate : `rljax.sampling.generate` (prefill + `lax.while_loop` decode) + copy to host
-  update   : `update.build_update_step` (fwd+bwd+AdamW, lm head on completion positions)
-  old_logp : timed separately, not part of the step: the no-grad forward over the rollout
-             (`objective.policy_forward`) that the default `old_logp_source="recompute"` adds
+Why (measured, `benchmarks/README.md`): TRL's step time on this shared 2-core machine
+swung between 0.76 s and 48.7 s per train phase across sessions. The cause is torch's
+OpenMP threads spin-waiting at every parallel region's barrier when another process holds
+one of the two cores; `OMP_WAIT_POLICY=PASSIVE` (default here, `--omp-wait-policy`) makes
+waiting threads sleep instead. `GRPOConfig`'s defaults (bf16 autocast, gradient
+checkpointing) are turned off so both sides do the same float32 work.
 
-TRL is timed with a trainer callback (step begin -> step end, optimizer step included)
-and a wrapper around `_generate_and_score_completions` (generation + reward + advantages);
-`train = step - generate`. With `beta=0`, one iteration and no vLLM, TRL skips the
-old-log-prob forward too (it uses the detached log-probs of the loss forward), so both
-sides do the same work; "with recompute" adds rljax's separate forward pass.
+rljax runs the trainer's pieces exactly as `rljax.train.iteration.rl_iteration` does with
+`algo.old_logp_source="update"` (one update per rollout, as TRL here: neither side runs a
+separate old-log-prob forward): continuous-batching rollout with every row resident and
+one prefill per prompt (`sampling.continuous`, `share_prefill`) -> host rows ->
+advantages -> one jitted `update_step`. TRL is timed with a trainer callback (step begin
+-> step end, optimizer step included) around a wrapper of `_generate_and_score_completions`
+(generation + reward + advantages); `train = step - generate`.
 
-    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--torch-threads N] [--longtail]
+Steps alternate between the two workers (`--schedule alternate`, order flipped every
+step) so both see the same moments of the shared machine; `sequential` runs one side's
+steps, then the other's (`real_shapes.py` at 0.5B, where two resident trainers would not
+fit in memory).
 
-rljax runs the trainer's sampler defaults: continuous batching with every row resident
-and one prefill per prompt (`sampling.continuous`, `share_prefill`). With `--longtail`
-its update runs on packed rows (`algo.pack_sequences=True`); on the uniform workload,
-where every completion has 96 tokens and there is no padding to skip, on the padded
-layout (the trainer's default). `--longtail`: completions stop at any of 10 of the 512 ids, up
-to 256 tokens (near-uniform random model: geometric lengths, mean ~45); TRL pads every
-completion to the longest, rljax computes none of the padding.
+    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N]
+        [--omp-wait-policy passive|active|default] [--schedule alternate|sequential]
+        [--longtail] [--time-recompute]
 
-The machine is shared: the load average is recorded, and `ratio_vs_reference` compares
-rljax with TRL's idle-machine figure from PERF_NOTES (3.08 s per step). torch's OpenMP
-threads degrade badly on oversubscribed cores; `--torch-threads 1` shows TRL without that.
+`--longtail`: completions stop at any of 10 of the 512 ids, up to 256 tokens (near-uniform
+random model: geometric lengths, mean ~45); rljax's update runs on packed rows
+(`algo.pack_sequences`), TRL pads to the longest. `--time-recompute` also times rljax's
+separate old-log-prob forward (`algo.old_logp_source="recompute"`), outside the step.
 
 Last line: RESULT {"metric": "grpo_step_seconds", "rljax": ..., "peer": ..., "ratio": ...}
-with ratio = peer / rljax (> 1: rljax is faster).
+with ratio = peer / rljax (> 1: rljax is faster), medians over the timed steps.
 """
 
 from __future__ import annotations
@@ -49,11 +62,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 8, 8, 32, 96, 1e-5
@@ -61,20 +75,54 @@ HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hid
                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                  max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
                  rms_norm_eps=1e-6)
-PEER_REFERENCE_S = 3.08   # PERF_NOTES: TRL 1.16 GRPOTrainer, idle machine, seconds per step
 # --longtail: up to 256 new tokens, stopping at any of 10 of the 512 ids; the random model's
 # next-token distribution is near uniform, so lengths are geometric (mean ~45, max ~256)
 LONGTAIL_TOKENS, LONGTAIL_STOPS = 256, tuple(range(2, 12))
+# rljax aggregation mode -> TRL loss_type with the same normaliser (one process, no
+# gradient accumulation): GRPO's per-sequence token mean, DAPO's token mean, Dr.GRPO's
+# constant max-length normaliser
+TRL_LOSS = {"seq_mean_token_mean": "grpo", "token_mean": "dapo",
+            "seq_mean_token_sum_norm": "dr_grpo"}
+# Fields both workers must report with equal values before anything is timed.
+COMPARED = ("dtype", "threads", "prompts", "group", "completions", "prompt_len",
+            "new_tokens", "stop_tokens", "loss_agg", "eps_low", "eps_high", "kl_coef",
+            "advantage", "updates_per_rollout", "micro_batches", "optimizer", "lr",
+            "adam_b1", "adam_b2", "adam_eps", "weight_decay", "grad_clip",
+            "activation_checkpointing", "old_logp_forward", "temperature", "top_p", "top_k")
+# ... and after the run, what each side observed per step
+OBSERVED = ("completion_tokens_per_step", "optimizer_steps")
+
+
+def trainer_modules():
+  """The rljax trainer internals this benchmark drives, imported in this one place: the
+  config and its specs, the parameter room, the compiled forward passes and update step."""
+  from rljax.train.config import base_config, validate
+  from rljax.train.config.from_config import build_specs
+  from rljax.train.params import Params
+  from rljax.train.run.components import optimizer
+  from rljax.train.update import objective
+  from rljax.train.update.forward import ForwardFns
+  from rljax.train.update.step import build_update_step
+
+  return SimpleNamespace(base_config=base_config, validate=validate, build_specs=build_specs,
+                         Params=Params, optimizer=optimizer, ForwardFns=ForwardFns,
+                         build_update_step=build_update_step, objective=objective)
 
 
 def build_hf(seed: int = 0, **overrides):
-  """The random-weight Qwen2 built with torch from a fixed seed."""
+  """The random-weight Qwen2 built with torch from a fixed seed (`HF_CONFIG` + overrides)."""
   import torch
   import transformers
 
   torch.manual_seed(seed)
   cfg = transformers.Qwen2Config(**{**HF_CONFIG, **overrides})
   return transformers.Qwen2ForCausalLM(cfg)
+
+
+def save_hf(path: str, seed: int = 0, **overrides) -> str:
+  """Builds the seeded model and saves it (safetensors) to `path`; returns `path`."""
+  build_hf(seed, **overrides).save_pretrained(path)
+  return path
 
 
 def load_into_rljax(hf_model):
@@ -98,49 +146,151 @@ def word_tokenizer(vocab: int):
                                  eos_token="<eos>", unk_token="<pad>")
 
 
+def prompt_ids(steps: int, vocab: int, seed: int = 0, prompts: int = PROMPTS,
+               prompt_len: int = PROMPT_LEN) -> np.ndarray:
+  """[steps, prompts, prompt_len] token ids in [2, vocab) (0 = pad, 1 = eos)."""
+  return np.random.default_rng(seed).integers(2, vocab, (steps, prompts, prompt_len))
+
+
+# ----------------------------------------------------------------------------- threads
+def pin_cpus(threads: int) -> list[int]:
+  """Restricts this process to its first `threads` allowed CPUs (0: all); returns them.
+
+  Call before JAX creates its CPU client: XLA sizes its thread pool from the affinity.
+  """
+  cpus = sorted(os.sched_getaffinity(0))
+  if threads:
+    if threads > len(cpus):
+      raise SystemExit(f"--threads {threads}: only {len(cpus)} CPUs allowed ({cpus})")
+    cpus = cpus[:threads]
+    os.sched_setaffinity(0, cpus)
+  return cpus
+
+
+def process_threads(prefix: str) -> int:
+  """Threads of this process whose name starts with `prefix` (XLA's pool: "tf_XLAEigen")."""
+  names = []
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as f:
+        names.append(f.read().strip())
+    except OSError:
+      pass
+  return sum(n.startswith(prefix) for n in names)
+
+
+def rss_peak_mb() -> float:
+  """This process's resident-set high-water mark (getrusage ru_maxrss, KiB on Linux)."""
+  import resource
+
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+  """User + system CPU time of this process so far (all its threads)."""
+  import resource
+
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
+  """Sustained fp32 `jnp.dot` rate on n³ (GFLOP/s): `warm` untimed dots, median of `reps`.
+
+  The first dots after a long step run at ~60 % of the steady rate (threads and caches
+  cold), hence the warm-up.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  for _ in range(warm):
+    dot(a, b).block_until_ready()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    dot(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
 # ----------------------------------------------------------------------------- rljax
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
-  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=(), pack=False):
+  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=(), pack=False,
+               loss_agg="seq_mean_token_mean", lr=LR):
+    import jax
     from flax import nnx
 
     from rljax import parallel
     from rljax.sampling import SamplingParams
-    from rljax.train import objective, update
-    from rljax.train.config import base_config
 
-    c = base_config()
+    t = trainer_modules()
+    c = t.base_config()
     c.sampling.n, c.sampling.max_new_tokens = group, new_tokens
-    c.algo.old_logp_source = "update"   # as TRL with one update per rollout
-    c.optim.update(actor_lr=LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
+    c.algo.update(old_logp_source="update",   # one update per rollout, as TRL here
+                  loss_agg=loss_agg, epochs=1, minibatches=1, microbatches=1)
+    c.optim.update(actor_lr=lr, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
                    grad_clip=1.0)   # TRL / transformers AdamW defaults
+    self.c, self.model_cfg = c, model.cfg
     self.group, self.new_tokens, self.pack = group, new_tokens, pack
     self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group,
                                    stop_tokens=tuple(stop_tokens))
     self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:1])
     parallel.shard_model(model, self.mesh)
     graphdef, params = nnx.split(model)
-    self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # as rljax.train.loop does
+    self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # the sampler's view
     groups = 1 if pack else 0   # packed rows (algo.pack_sequences) or the padded layout
-    spec = objective.loss_spec(c, pack_groups=groups)
-    tx = update.make_optimizer(LR, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
-                               grad_clip=1.0)
-    state = update.TrainState(
-        step=jnp.zeros((), jnp.int32), iteration=jnp.zeros((), jnp.int32), actor=params,
-        actor_opt=update.init_optimizer_state(tx, params), critic=None, critic_opt=None,
-        ref=None, kl_coef=jnp.zeros(()), rng=jax.random.key_data(jax.random.key(0)),
-        skipped_updates=jnp.zeros((), jnp.int32), nonfinite_in_row=jnp.zeros((), jnp.int32))
-    self.state = update.place_state(state, self.mesh)
+    c.algo.pack_sequences = pack
+    t.validate(c)
+    specs = t.build_specs(c, model_description=repr(model.cfg), pack_groups=groups)
+    tx = t.optimizer(c, c.optim.actor_lr)
+    room = t.Params(actor_graphdef=graphdef, critic_graphdef=None, initial_actor=params,
+                    initial_critic=None, actor_tx=tx, critic_tx=tx, mesh=self.mesh,
+                    sources=specs.sources, seed=0, lora=False, critic_from_policy=True)
+    self.state = room.init_state(params)
+    assert self.state.ref is None, "no reference model: kl_coef is 0, as on TRL's side"
     shardings = jax.tree.map(lambda x: x.sharding, self.state)
-    self.update_step = update.build_update_step(spec, graphdef, None, tx, tx, 1,
-                                                state_shardings=shardings, mesh=self.mesh)
-    self.policy_stats = jax.jit(lambda p, b: objective.policy_forward(
-        nnx.merge(graphdef, p), b, temperature=spec.temperature, pack_groups=groups))
+    self.num_micro = specs.schedule.microbatches
+    self.update_step = t.build_update_step(specs.loss, graphdef, None, tx, tx, self.num_micro,
+                                           state_shardings=shardings, mesh=self.mesh)
+    self.fns = t.ForwardFns(specs.loss, graphdef, None, num_micro=self.num_micro,
+                            mesh=self.mesh)
+    self.last_minibatch = None
+
+  def config(self, prompts: int, prompt_len: int) -> dict:
+    """This side's configuration in the `COMPARED` vocabulary, read from its own objects."""
+    a, o, s, m = self.c.algo, self.c.optim, self.sampling, self.model_cfg
+    return {
+        "dtype": f"{m.dtype} compute, {m.param_dtype} params",
+        "threads": len(os.sched_getaffinity(0)),
+        "prompts": prompts, "group": s.n, "completions": prompts * s.n,
+        "prompt_len": prompt_len, "new_tokens": s.max_new_tokens,
+        "stop_tokens": sorted(s.stop_tokens),
+        "loss_agg": a.loss_agg, "eps_low": float(a.eps_low), "eps_high": float(a.eps_high),
+        "kl_coef": float(a.kl_coef) if a.kl_placement != "none" else 0.0,
+        "advantage": "group mean, / group std" if a.advantage == "grpo" else a.advantage,
+        "updates_per_rollout": int(a.epochs) * int(a.minibatches),
+        "micro_batches": self.num_micro, "optimizer": "adamw",
+        "lr": float(o.actor_lr), "adam_b1": float(o.b1), "adam_b2": float(o.b2),
+        "adam_eps": 1e-8,   # optax.adamw's default, which make_optimizer keeps
+        "weight_decay": float(o.weight_decay), "grad_clip": float(o.grad_clip),
+        "activation_checkpointing": bool(m.remat),
+        "old_logp_forward": a.old_logp_source == "recompute",
+        "temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k),
+        # not compared
+        "sampler": "continuous, all rows resident, one prefill per prompt",
+        "update_layout": "packed" if self.pack else "padded",
+    }
 
   def rollout(self, prompts, seed):
     """The trainer's default sampler: continuous batching with every row resident and
     one prefill per prompt for its samples (`sampling.continuous`, `share_prefill`)."""
+    import jax
+
     from rljax.sampling.continuous import generate_continuous
 
     out = generate_continuous(self.merge(), prompts, np.ones_like(prompts),
@@ -154,6 +304,9 @@ class RljaxGRPO:
     return rows
 
   def minibatch(self, rows, seed):
+    import jax
+    import jax.numpy as jnp
+
     from rljax.ops.advantages import group_advantages
     from rljax.parallel import batch_sharding
 
@@ -170,18 +323,19 @@ class RljaxGRPO:
     if not self.pack:
       return seq, mb
     # the packing layout of these rows (one group: one device, one micro-batch)
-    from rljax.train import packing
-    layout = packing.pack_layout(rows["prompt_mask"].sum(1), rows["mask"].sum(1),
-                                 prompt_width=rows["prompt_mask"].shape[1],
-                                 completion_width=rows["mask"].shape[1], groups=1)
-    packed = {k: jax.device_put(v, sh) for k, v in packing.layout_arrays(layout).items()}
+    lengths = {"prompt_lengths": rows["prompt_mask"].sum(1), "lengths": rows["mask"].sum(1)}
+    packed = self.fns.pack(lengths, rows["mask"].shape[1], rows["prompt_mask"].shape[1])
     seq.update(packed)
     mb.update(packed)
     return seq, mb
 
-  def iteration(self, prompts, seed):
-    """One timed iteration: {"generate": s, "update": s, "total": s, "old_logp": s}
-    (old_logp: the recompute forward, timed after the step and not part of its total)."""
+  def iteration(self, prompts, seed, *, time_recompute: bool = True):
+    """One timed iteration: {"generate": s, "update": s, "total": s, "tokens": n,
+    "old_logp": s} (old_logp: the recompute forward, timed after the step and not part of
+    its total; only with `time_recompute`)."""
+    import jax
+    import jax.numpy as jnp
+
     t0 = time.perf_counter()
     rows = self.rollout(prompts, seed)
     t1 = time.perf_counter()
@@ -190,157 +344,427 @@ class RljaxGRPO:
     self.state, metrics = self.update_step(self.state, mb, jnp.asarray(True))
     float(metrics["loss"])
     t2 = time.perf_counter()
-    jax.block_until_ready(self.policy_stats(self.state.actor, seq))
-    t3 = time.perf_counter()
-    return {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0, "old_logp": t3 - t2}
+    self.last_minibatch = mb
+    out = {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0,
+           "tokens": int(rows["mask"].sum())}
+    if time_recompute:
+      jax.block_until_ready(self.fns.policy_stats(self.state.actor, seq))
+      out["old_logp"] = time.perf_counter() - t2
+    return out
+
+  def update_memory(self) -> dict:
+    """XLA's compiled memory analysis of the update step (MB): arguments, outputs,
+    temporaries and the peak args + out + temp - aliased (donated) bytes."""
+    import jax.numpy as jnp
+
+    m = self.update_step.lower(self.state, self.last_minibatch,
+                               jnp.asarray(True)).compile().memory_analysis()
+    mb = lambda x: round(x / 2 ** 20, 1)  # noqa: E731
+    return {"args_mb": mb(m.argument_size_in_bytes), "out_mb": mb(m.output_size_in_bytes),
+            "temp_mb": mb(m.temp_size_in_bytes), "alias_mb": mb(m.alias_size_in_bytes),
+            "peak_mb": mb(m.argument_size_in_bytes + m.output_size_in_bytes
+                          + m.temp_size_in_bytes - m.alias_size_in_bytes)}
 
 
-def prompt_ids(steps: int, vocab: int, seed: int = 0) -> np.ndarray:
-  """[steps, PROMPTS, PROMPT_LEN] token ids in [2, vocab) (0 = pad, 1 = eos)."""
-  return np.random.default_rng(seed).integers(2, vocab, (steps, PROMPTS, PROMPT_LEN))
+# ----------------------------------------------------------------------------- workers
+def emit(tag: str, payload) -> None:
+  """One protocol line on stdout: `TAG {json}`."""
+  print(f"{tag} {json.dumps(payload)}", flush=True)
 
 
-def warm_rljax(ids: np.ndarray, warmup: int, longtail: bool) -> RljaxGRPO:
-  model, _ = load_into_rljax(build_hf())
-  grpo = (RljaxGRPO(model, new_tokens=LONGTAIL_TOKENS, stop_tokens=LONGTAIL_STOPS,
-                     pack=True)
-          if longtail else RljaxGRPO(model))
-  t0 = time.perf_counter()
-  grpo.iteration(ids[0], 0)
-  print(f"rljax first iteration (compiles) {time.perf_counter() - t0:.1f} s", flush=True)
-  for i in range(1, warmup):
-    grpo.iteration(ids[i % len(ids)], i)
-  return grpo
+def wait_command() -> str:
+  """The parent's next command ("step" or "done") from stdin."""
+  return sys.stdin.readline().strip() or "done"
 
 
-def time_rljax(grpo: RljaxGRPO, ids: np.ndarray, seed0: int) -> list[dict]:
-  out = []
-  for i in range(len(ids)):
-    r = grpo.iteration(ids[i], seed0 + i)
-    r["recompute_total"] = r["total"] + r["old_logp"]
-    out.append(r)
-    print("rljax step " + " ".join(f"{k} {v:.2f}s" for k, v in r.items()), flush=True)
-  return out
+def rljax_worker(spec: dict) -> None:
+  """Loads the saved model into rljax, reports CONFIG, then runs one step per command."""
+  cpus = pin_cpus(spec["threads"])   # before JAX starts its thread pool
+  from rljax.models import load_hf
+
+  model, cfg = load_hf(spec["model_dir"])
+  grpo = RljaxGRPO(model, group=spec["group"], new_tokens=spec["new_tokens"],
+                   stop_tokens=spec["stop_tokens"], pack=spec["pack"],
+                   loss_agg=spec["loss_agg"], lr=spec["lr"])
+  emit("CONFIG", {**grpo.config(spec["prompts"], spec["prompt_len"]), "cpus": cpus})
+  ids = prompt_ids(spec["steps"], cfg.vocab_size, prompts=spec["prompts"],
+                   prompt_len=spec["prompt_len"])
+  flops = None
+  if spec.get("roofline"):
+    from update_roofline import train_flops
+
+    flops = train_flops(cfg, spec["prompts"] * spec["group"], spec["prompt_len"],
+                        spec["new_tokens"])
+  steps = 0
+  while wait_command() == "step":
+    out = {}
+    if flops:   # the sustained matmul rate right before this step, outside its timings
+      out["roofline_gflops"] = matmul_roofline()
+    cpu0 = cpu_seconds()
+    out.update(grpo.iteration(ids[steps % len(ids)], 100 + steps,
+                              time_recompute=spec["time_recompute"]))
+    out["cpu_s"] = cpu_seconds() - cpu0
+    if flops:
+      out["update_gflops"] = flops / out["update"] / 1e9
+    steps += 1
+    out["optimizer_steps"] = int(grpo.state.step)
+    emit("STEP", out)
+  emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1), "xla_update": grpo.update_memory(),
+                "xla_threads": process_threads("tf_XLAEigen"),
+                "update_gflop": flops and flops / 1e9,
+                "update_compiles": grpo.update_step._cache_size()})
 
 
-# ----------------------------------------------------------------------------- TRL
-def time_trl(ids: np.ndarray, warmup: int, longtail: bool = False) -> list[dict]:
+def trl_config(trainer, args, prompts: int, prompt_len: int) -> dict:
+  """TRL's configuration in the `COMPARED` vocabulary, read from the built trainer."""
+  import torch
+
+  model = trainer.model
+  dtype = {p.dtype for p in model.parameters()}
+  compute = "bfloat16" if args.bf16 else "float16" if args.fp16 else "float32"
+  losses = {v: k for k, v in TRL_LOSS.items()}
+  per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+  return {
+      "dtype": f"{compute} compute, {'/'.join(sorted(str(d).split('.')[1] for d in dtype))}"
+               " params",
+      "threads": torch.get_num_threads(),
+      "prompts": per_step // args.num_generations, "group": args.num_generations,
+      "completions": args.generation_batch_size, "prompt_len": prompt_len,
+      "new_tokens": args.max_completion_length,
+      "stop_tokens": sorted(set(args.generation_kwargs.get("eos_token_id", []) or [])),
+      "loss_agg": losses.get(trainer.loss_type, f"TRL {trainer.loss_type}"),
+      "eps_low": float(trainer.epsilon_low), "eps_high": float(trainer.epsilon_high),
+      "kl_coef": float(trainer.beta),
+      "advantage": ("group mean, / group std" if trainer.scale_rewards == "group"
+                    else f"TRL scale_rewards={trainer.scale_rewards}"),
+      # optimizer steps per generation batch: steps_per_generation x num_iterations batches,
+      # one step per gradient_accumulation_steps of them
+      "updates_per_rollout": (args.steps_per_generation * trainer.num_iterations
+                              // args.gradient_accumulation_steps),
+      "micro_batches": args.gradient_accumulation_steps,
+      "optimizer": "adamw" if args.optim.startswith("adamw") else args.optim,
+      "lr": float(args.learning_rate), "adam_b1": float(args.adam_beta1),
+      "adam_b2": float(args.adam_beta2), "adam_eps": float(args.adam_epsilon),
+      "weight_decay": float(args.weight_decay), "grad_clip": float(args.max_grad_norm),
+      "activation_checkpointing": bool(getattr(args, "activation_checkpointing", False)
+                                       or args.gradient_checkpointing or getattr(
+                                           model, "is_activation_checkpointing", False)),
+      # with one update per rollout TRL reuses the detached log-probs of the loss forward
+      "old_logp_forward": bool(args.gradient_accumulation_steps
+                               % (args.steps_per_generation * trainer.num_iterations)),
+      "temperature": float(args.temperature), "top_p": float(args.top_p),
+      "top_k": int(args.top_k or 0),
+      # not compared
+      "optim": args.optim, "lr_scheduler": str(args.lr_scheduler_type),
+      "torch_compile": bool(args.torch_compile),
+      "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+      "torch": torch.__version__,
+  }
+
+
+def trl_worker(spec: dict) -> None:
+  """Builds TRL's GRPOTrainer on the saved model, reports CONFIG, one step per command."""
+  cpus = pin_cpus(spec["threads"])
   import datasets
+  import torch
   import transformers
   import trl
 
-  tokenizer = word_tokenizer(HF_CONFIG["vocab_size"])
-  flat = ids.reshape(-1, PROMPT_LEN)
+  torch.set_num_threads(len(cpus))
+  transformers.utils.logging.disable_progress_bar()
+  vocab = json.load(open(os.path.join(spec["model_dir"], "config.json")))["vocab_size"]
+  tokenizer = word_tokenizer(vocab)
+  ids = prompt_ids(spec["steps"], vocab, prompts=spec["prompts"], prompt_len=spec["prompt_len"])
+  flat = ids.reshape(-1, spec["prompt_len"])
   texts = [" ".join(f"t{int(t)}" for t in row) for row in flat]
   assert tokenizer(texts[0])["input_ids"] == [int(t) for t in flat[0]]
-  steps = len(ids)
   rng = np.random.default_rng(0)
+  stops = list(spec["stop_tokens"])
 
   def reward(completions, **_):
     return [float(x) for x in rng.random(len(completions))]
 
-  args = trl.GRPOConfig(
+  kwargs = dict(
       output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, report_to="none",
-      save_strategy="no", logging_strategy="no", disable_tqdm=True, max_steps=steps,
-      per_device_train_batch_size=PROMPTS * GROUP, gradient_accumulation_steps=1,
-      num_generations=GROUP, max_completion_length=LONGTAIL_TOKENS if longtail else NEW_TOKENS,
-      learning_rate=LR,
+      save_strategy="no", logging_strategy="no", disable_tqdm=True, max_steps=spec["steps"],
+      per_device_train_batch_size=spec["prompts"] * spec["group"],
+      gradient_accumulation_steps=1, num_generations=spec["group"],
+      max_completion_length=spec["new_tokens"], learning_rate=spec["lr"],
       lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
       beta=0.0, use_vllm=False, temperature=1.0, top_p=1.0, top_k=0, seed=0,
-      generation_kwargs=({"eos_token_id": list(LONGTAIL_STOPS)} if longtail
-                         else {"min_new_tokens": NEW_TOKENS}),
+      loss_type=TRL_LOSS[spec["loss_agg"]], epsilon=0.2, scale_rewards="group",
+      # GRPOConfig defaults to bf16 autocast and gradient checkpointing: rljax does neither
+      bf16=False, fp16=False, gradient_checkpointing=False, activation_checkpointing=False,
+      generation_kwargs=({"eos_token_id": stops} if stops
+                         else {"min_new_tokens": spec["new_tokens"]}),
       shuffle_dataset=False, dataloader_num_workers=0)
-  gen_times, step_times = [], []
+  args = trl.GRPOConfig(**{**kwargs, **spec.get("trl_overrides", {})})
+  gen_times, tokens, optimizer_steps = [], [], [0]
 
   class Timed(trl.GRPOTrainer):
     def _generate_and_score_completions(self, *a, **k):
       t0 = time.perf_counter()
       out = super()._generate_and_score_completions(*a, **k)
       gen_times.append(time.perf_counter() - t0)
-      lengths = out["completion_mask"].sum(dim=1)
-      if not longtail:
-        assert int(lengths.min()) == NEW_TOKENS == int(lengths.max()), lengths
+      tokens.append(int(out["completion_mask"].sum()))
       return out
 
-  class StepClock(transformers.TrainerCallback):
+  class Driven(transformers.TrainerCallback):
+    """Waits for the parent's "step" before each step; reports it when it ends."""
+
     def on_step_begin(self, *_, **__):
-      self.t0 = time.perf_counter()
+      if wait_command() != "step":
+        raise SystemExit(0)
+      self.t0, self.cpu0 = time.perf_counter(), cpu_seconds()
+
+    def on_optimizer_step(self, *_, **__):
+      optimizer_steps[0] += 1
 
     def on_step_end(self, *_, **__):
-      step_times.append(time.perf_counter() - self.t0)
-      print(f"TRL step {len(step_times)}: {step_times[-1]:.2f}s (generate {gen_times[-1]:.2f}s)",
-            flush=True)
+      total = time.perf_counter() - self.t0
+      emit("STEP", {"generate": gen_times[-1], "train": total - gen_times[-1], "total": total,
+                    "cpu_s": cpu_seconds() - self.cpu0, "tokens": tokens[-1],
+                    "optimizer_steps": optimizer_steps[0]})
 
-  trainer = Timed(model=build_hf(), reward_funcs=reward, args=args,
+  model = transformers.AutoModelForCausalLM.from_pretrained(spec["model_dir"],
+                                                            dtype=torch.float32)
+  trainer = Timed(model=model, reward_funcs=reward, args=args,
                   train_dataset=datasets.Dataset.from_list([{"prompt": t} for t in texts]),
-                  processing_class=tokenizer, callbacks=[StepClock()])
+                  processing_class=tokenizer, callbacks=[Driven()])
+  emit("CONFIG", {**trl_config(trainer, args, spec["prompts"], spec["prompt_len"]),
+                  "cpus": cpus, "trl": trl.__version__})
   trainer.train()
-  assert len(step_times) == steps == len(gen_times), (len(step_times), len(gen_times))
-  return [{"generate": g, "train": s - g, "total": s}
-          for g, s in zip(gen_times[warmup:], step_times[warmup:])]
+  wait_command()
+  emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1)})
 
 
-# ----------------------------------------------------------------------------- report
-def med(rows, key):
-  return statistics.median(r[key] for r in rows)
+# ----------------------------------------------------------------------------- parent
+class Worker:
+  """One side in its own process, driven over stdin / stdout (`emit` protocol)."""
+
+  def __init__(self, side: str, spec: dict, omp_wait_policy: str = "passive",
+               script: str = __file__):
+    env = dict(os.environ)
+    if omp_wait_policy != "default":
+      env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
+    self.side = side
+    self.proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(script), "--worker", side, "--spec", json.dumps(spec)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    self.config = self.expect("CONFIG")
+
+  def expect(self, tag: str) -> dict:
+    for line in self.proc.stdout:
+      if line.startswith(tag + " "):
+        return json.loads(line[len(tag) + 1:])
+      if line.strip():
+        print(f"  [{self.side}] {line.rstrip()}", flush=True)
+    raise RuntimeError(f"{self.side} worker exited with status {self.proc.wait()} before {tag}")
+
+  def send(self, command: str) -> None:
+    self.proc.stdin.write(command + "\n")
+    self.proc.stdin.flush()
+
+  def step(self) -> dict:
+    self.send("step")
+    return self.expect("STEP")
+
+  def close(self) -> dict:
+    self.send("done")
+    out = self.expect("DONE")
+    self.proc.stdin.close()
+    self.proc.wait()
+    return out
+
+  def kill(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
+
+def mismatches(a: dict, b: dict, fields=COMPARED) -> list[str]:
+  """The fields (of `fields`) whose values differ between two configurations."""
+  return [f for f in fields if a.get(f, "<missing>") != b.get(f, "<missing>")]
+
+
+def print_configs(configs: dict[str, dict], fields=COMPARED) -> None:
+  """Both configurations side by side: the compared `fields` first (marked `!=` when they
+  differ), then the other reported fields (marked `.`)."""
+  names = list(configs)
+  keys = list(fields) + sorted({k for c in configs.values() for k in c} - set(fields))
+  bad = set(mismatches(*configs.values(), fields=fields)) if len(names) == 2 else set()
+  print(f"{'field':26s} " + " | ".join(f"{n:44s}" for n in names))
+  for k in keys:
+    mark = "!=" if k in bad else ("  " if k in fields else " .")
+    vals = " | ".join(f"{str(configs[n].get(k, '-'))[:44]:44s}" for n in names)
+    print(f"{mark}{k:24s} {vals}")
+
+
+def check_configs(configs: dict[str, dict], fields=COMPARED, what="configuration") -> None:
+  """Exits with status 2, naming the fields, if the two sides' values differ."""
+  bad = mismatches(*configs.values(), fields=fields)
+  if bad:
+    a, b = configs
+    detail = "; ".join(f"{f}: {a}={configs[a].get(f)!r} vs {b}={configs[b].get(f)!r}"
+                       for f in bad)
+    print(f"\nFAIL: the two sides' {what} differ in {', '.join(bad)} ({detail})", flush=True)
+    raise SystemExit(2)
+
+
+def run_pair(spec: dict, *, schedule: str = "alternate", omp_wait_policy: str = "passive",
+             sides=("rljax", "trl")) -> dict:
+  """Both workers on the same `spec`; configurations checked, then `spec["steps"]` steps
+  each (alternating or one side after the other). Returns {side: {"config", "steps", "done"}}.
+
+  In the sequential schedule a worker is started only when the previous one has finished,
+  except that both are started first to compare configurations (the idle one holds just
+  its model), so a mismatch costs no timed step.
+  """
+  workers = {}
+  try:
+    for side in sides:
+      workers[side] = Worker(side, spec, omp_wait_policy)
+    configs = {s: w.config for s, w in workers.items()}
+    print_configs(configs)
+    if len(sides) == 2:
+      check_configs(configs)
+    steps = {s: [] for s in sides}
+    done = {}
+    if schedule == "alternate":
+      for i in range(spec["steps"]):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+          steps[side].append(workers[side].step())
+          _print_step(side, i, steps[side][-1])
+      done = {s: w.close() for s, w in workers.items()}
+    else:
+      for side in sides:
+        for i in range(spec["steps"]):
+          steps[side].append(workers[side].step())
+          _print_step(side, i, steps[side][-1])
+        done[side] = workers[side].close()
+  finally:
+    for w in workers.values():
+      w.kill()
+  out = {s: {"config": workers[s].config, "steps": steps[s], "done": done[s]} for s in sides}
+  if len(sides) == 2:
+    observed = {s: observed_per_step(out[s]["steps"]) for s in sides}
+    # with stop tokens the two sides sample different lengths: compare the updates only
+    fields = OBSERVED[1:] if spec["stop_tokens"] else OBSERVED
+    check_configs(observed, fields, "observed work")
+  return out
+
+
+def observed_per_step(steps: list[dict]) -> dict:
+  """What a side did per step: completion tokens (all steps' values) and optimizer steps."""
+  return {"completion_tokens_per_step": [s["tokens"] for s in steps],
+          "optimizer_steps": [s["optimizer_steps"] for s in steps]}
+
+
+def _print_step(side: str, i: int, r: dict) -> None:
+  keys = ("generate", "update", "train", "old_logp", "total", "cpu_s")
+  parts = " ".join(f"{k} {r[k]:.2f}s" for k in keys if k in r)
+  print(f"  {side:5s} step {i + 1}: {parts}", flush=True)
+
+
+def summarise(runs: dict, warmup: int) -> dict:
+  """Medians (min-max) over the timed steps of each side."""
+  out = {}
+  for side, run in runs.items():
+    steps = run["steps"][warmup:]
+    out[side] = {k: statistics.median(s[k] for s in steps)
+                 for k in steps[0] if isinstance(steps[0][k], float)}
+    out[side]["min_max"] = [round(min(s["total"] for s in steps), 3),
+                            round(max(s["total"] for s in steps), 3)]
+  return out
+
+
+def make_spec(args, model_dir: str, vocab: int) -> dict:
+  longtail = args.longtail
+  return {"model_dir": model_dir, "prompts": PROMPTS, "group": GROUP, "prompt_len": PROMPT_LEN,
+          "new_tokens": LONGTAIL_TOKENS if longtail else NEW_TOKENS,
+          "stop_tokens": list(LONGTAIL_STOPS) if longtail else [], "pack": longtail,
+          "loss_agg": "seq_mean_token_mean", "lr": LR, "threads": args.threads,
+          "steps": args.warmup + args.reps, "time_recompute": args.time_recompute,
+          "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override)}
+
+
+def parse_overrides(items: list[str]) -> dict:
+  """["bf16=true", "loss_type=dapo"] -> {"bf16": True, "loss_type": "dapo"}."""
+  out = {}
+  for item in items:
+    key, _, value = item.partition("=")
+    try:
+      out[key] = json.loads(value)
+    except json.JSONDecodeError:
+      out[key] = value
+  return out
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=6, help="timed steps per framework")
-  parser.add_argument("--warmup", type=int, default=2)
-  parser.add_argument("--torch-threads", type=int, default=0,
-                      help="0: torch's default; 1 avoids OpenMP collapse on an oversubscribed machine")
+  parser.add_argument("--warmup", type=int, default=2, help="untimed steps per framework")
+  parser.add_argument("--threads", type=int, default=0,
+                      help="CPUs (and threads) per side; 0: all CPUs this process may use")
+  parser.add_argument("--omp-wait-policy", default="passive",
+                      choices=["passive", "active", "default"],
+                      help="OMP_WAIT_POLICY of the workers (torch's OpenMP); see the docstring")
+  parser.add_argument("--schedule", default="alternate", choices=["alternate", "sequential"])
   parser.add_argument("--longtail", action="store_true",
                       help="completions stop at 10 stop ids within 256 tokens (long-tailed lengths)")
+  parser.add_argument("--time-recompute", action="store_true",
+                      help="also time rljax's separate old-log-prob forward (outside the step)")
+  parser.add_argument("--trl-override", action="append", default=[], metavar="KEY=VALUE",
+                      help="a GRPOConfig field for TRL only (JSON value), e.g. bf16=true: "
+                           "the configuration check then names the field that differs")
+  parser.add_argument("--worker", choices=["rljax", "trl"], help=argparse.SUPPRESS)
+  parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  import torch
-  import trl
-
-  if args.torch_threads:
-    torch.set_num_threads(args.torch_threads)
+  if args.worker:
+    (rljax_worker if args.worker == "rljax" else trl_worker)(json.loads(args.spec))
+    return
 
   load_before = os.getloadavg()
-  ids = prompt_ids(args.warmup + args.reps, HF_CONFIG["vocab_size"])
-  half = args.reps // 2
-  # rljax before and after TRL, so both see a similar share of the (shared) machine.
-  grpo = warm_rljax(ids, args.warmup, args.longtail)
-  rl = time_rljax(grpo, ids[args.warmup:args.warmup + half], seed0=100)
-  peer = time_trl(ids, args.warmup, args.longtail)
-  rl += time_rljax(grpo, ids[args.warmup + half:], seed0=1000)
+  with tempfile.TemporaryDirectory() as model_dir:
+    save_hf(model_dir)
+    spec = make_spec(args, model_dir, HF_CONFIG["vocab_size"])
+    runs = run_pair(spec, schedule=args.schedule, omp_wait_policy=args.omp_wait_policy)
   load_after = os.getloadavg()
-
-  r_tot, p_tot = med(rl, "total"), med(peer, "total")
-  r_train = med(rl, "update")
+  med = summarise(runs, args.warmup)
+  rl, peer = med["rljax"], med["trl"]
+  cfg = runs["trl"]["config"]
   res = {
       "metric": "grpo_step_seconds_longtail" if args.longtail else "grpo_step_seconds",
-      "rljax": round(r_tot, 3), "peer": round(p_tot, 3),
-      "ratio": round(p_tot / r_tot, 3),
-      "rljax_generate": round(med(rl, "generate"), 3),
-      "rljax_old_logp": round(med(rl, "old_logp"), 3),
-      "rljax_update": round(med(rl, "update"), 3),
-      "rljax_with_recompute": round(med(rl, "recompute_total"), 3),
-      "peer_generate": round(med(peer, "generate"), 3), "peer_train": round(med(peer, "train"), 3),
-      "ratio_generate": round(med(peer, "generate") / med(rl, "generate"), 3),
-      "ratio_train": round(med(peer, "train") / r_train, 3),
-      "ratio_with_recompute": round(p_tot / med(rl, "recompute_total"), 3),
-      "rljax_min_max": [round(min(r["total"] for r in rl), 2), round(max(r["total"] for r in rl), 2)],
-      "peer_min_max": [round(min(r["total"] for r in peer), 2),
-                       round(max(r["total"] for r in peer), 2)],
-      "peer_reference": PEER_REFERENCE_S, "ratio_vs_reference": round(PEER_REFERENCE_S / r_tot, 3),
-      "trl_version": trl.__version__, "torch_threads": torch.get_num_threads(), "reps": args.reps,
+      "rljax": round(rl["total"], 3), "peer": round(peer["total"], 3),
+      "ratio": round(peer["total"] / rl["total"], 3),
+      "rljax_generate": round(rl["generate"], 3), "rljax_update": round(rl["update"], 3),
+      "peer_generate": round(peer["generate"], 3), "peer_train": round(peer["train"], 3),
+      "ratio_generate": round(peer["generate"] / rl["generate"], 3),
+      "ratio_train": round(peer["train"] / rl["update"], 3),
+      "rljax_min_max": rl["min_max"], "peer_min_max": peer["min_max"],
+      "rljax_cpu_s": round(rl["cpu_s"], 2), "peer_cpu_s": round(peer["cpu_s"], 2),
+      "threads": cfg["threads"], "omp_wait_policy": cfg["omp_wait_policy"],
+      "schedule": args.schedule, "reps": args.reps, "trl_version": cfg["trl"],
+      "rljax_rss_peak_mb": runs["rljax"]["done"]["rss_peak_mb"],
+      "peer_rss_peak_mb": runs["trl"]["done"]["rss_peak_mb"],
+      "rljax_xla_update_peak_mb": runs["rljax"]["done"]["xla_update"]["peak_mb"],
       "loadavg_before": [round(x, 2) for x in load_before],
       "loadavg_after": [round(x, 2) for x in load_after],
   }
+  if args.time_recompute:
+    res["rljax_old_logp"] = round(rl["old_logp"], 3)
+    res["ratio_with_recompute"] = round(peer["total"] / (rl["total"] + rl["old_logp"]), 3)
   print(f"\nmedians over {args.reps} steps each (load average {load_before[0]:.1f} -> "
-        f"{load_after[0]:.1f} on {os.cpu_count()} cores), TRL {trl.__version__}")
-  print(f"  rljax  total {r_tot:6.2f} s = generate {res['rljax_generate']:.2f} + update "
-        f"{res['rljax_update']:.2f}  (old_logp_source='recompute' adds {res['rljax_old_logp']:.2f})")
-  print(f"  TRL    total {p_tot:6.2f} s = generate {res['peer_generate']:.2f} + train "
-        f"{res['peer_train']:.2f}")
+        f"{load_after[0]:.1f} on {os.cpu_count()} cores; {cfg['threads']} threads per side, "
+        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}), TRL {cfg['trl']}")
+  print(f"  rljax  total {rl['total']:6.2f} s = generate {rl['generate']:.2f} + update "
+        f"{rl['update']:.2f}  (min-max {rl['min_max']})")
+  print(f"  TRL    total {peer['total']:6.2f} s = generate {peer['generate']:.2f} + train "
+        f"{peer['train']:.2f}  (min-max {peer['min_max']})")
   print(f"  ratio (TRL / rljax): end-to-end {res['ratio']:.2f}x, generate "
-        f"{res['ratio_generate']:.2f}x, train {res['ratio_train']:.2f}x, "
-        f"with the recompute forward {res['ratio_with_recompute']:.2f}x")
+        f"{res['ratio_generate']:.2f}x, train {res['ratio_train']:.2f}x")
   print("RESULT " + json.dumps(res))
 
 

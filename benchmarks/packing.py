@@ -1,7 +1,7 @@
 """Packed vs padded update step on a rollout batch with long-tailed lengths.
 
 The trainer's real update step (`rljax.train.update.build_update_step`, GRPO loss, AdamW)
-on the PERF_NOTES model shape (vocab 512, width 256, MLP 768, 4 layers, 4 heads x 64, 2 KV
+on the shared benchmark model's shape (vocab 512, width 256, MLP 768, 4 layers, 4 heads x 64, 2 KV
 heads): 64 sequences of a 32-token prompt bucket (real prompts 16-32 tokens) and up to 256
 completion tokens, completion lengths geometric with mean ~0.3 of the budget (mean/max
 of the whole sequences <= 0.4). `algo.pack_sequences=True` packs the real tokens into

@@ -1,6 +1,6 @@
 """One prefill per prompt for its n samples vs one per row (GRPO's groups), in both samplers.
 
-Workload: the PERF_NOTES model (Qwen2 layout, vocab 512, width 256, 4 layers, random
+Workload: the shared benchmark model of benchmarks/README.md (Qwen2 layout, vocab 512, width 256, 4 layers, random
 weights via `transformers` + `rljax.models.load_hf`), 4 prompts of 256 tokens x n = 16
 samples = 64 rows, 64 new tokens (no stop token: every row runs the full budget, so the
 decode work is the same on both sides and only the prefill differs).

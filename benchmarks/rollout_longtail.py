@@ -1,6 +1,6 @@
 """Long-tailed rollouts: continuous batching vs the static sampler vs `transformers` `generate`.
 
-Workload: the PERF_NOTES model (Qwen2 layout, vocab 512, width 256, 4 layers, random
+Workload: the shared benchmark model of benchmarks/README.md (Qwen2 layout, vocab 512, width 256, 4 layers, random
 weights built with torch and loaded with `rljax.models.load_hf`), 8 prompts x 8 samples =
 64 requests of 32-token prompts, up to 256 new tokens. `--stop-tokens` of the 512 ids end a
 completion; the random model's next-token distribution is close to uniform, so each step
@@ -18,7 +18,7 @@ the issue asks for >= 4).
 The metric is completed tokens per second: real (unpadded) tokens, stop token included,
 over wall time. rljax's two samplers alternate call by call in one process; medians over
 `--reps` calls. The figures depend on the CPU (its matmul rate: 325 vs 442 GFLOP/s on the
-two machines of PERF_NOTES) and on the load; the ratios travel better than the rates.
+two machines in benchmarks/README.md) and on the load; the ratios travel better than the rates.
 
     python benchmarks/rollout_longtail.py [--reps 7] [--slots 0] [--stop-tokens 10]
 

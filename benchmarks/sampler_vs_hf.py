@@ -1,6 +1,6 @@
 """rljax sampler vs `transformers` `generate` on the same random tiny Qwen2 weights.
 
-Workload (../shared/PERF_NOTES.md): Qwen2 layout, vocab 512, width 256, MLP 768, 4 layers,
+Workload (the shared one of benchmarks/README.md): Qwen2 layout, vocab 512, width 256, MLP 768, 4 layers,
 4 query heads x 64, 2 KV heads, untied lm head, rope θ 1e4; prompts of 32 tokens, exactly
 96 sampled tokens (no stop token), temperature 1, no top-k / top-p. The HF model is built
 with torch (`torch.manual_seed`), saved with `save_pretrained` and loaded into rljax with
@@ -18,7 +18,7 @@ a process, the JAX calls made afterwards in it ran ~28 % slower (batch 8, 68 -> 
 median). `--in-process` alternates the calls within this one process instead.
 
 Also reports the fraction of the measured fp32 matmul roofline (1024³ `jnp.dot`) that
-each sampler reaches, with FLOPs counted analytically as in PERF_NOTES: 2·(matmul
+each sampler reaches, with FLOPs counted analytically: 2·(matmul
 parameters) per position for all prompt + generated positions, plus causal attention
 4·H·Dh·ctx per position and layer.
 
@@ -26,7 +26,7 @@ parameters) per position for all prompt + generated positions, plus causal atten
                                        [--torch-threads N] [--in-process]
 
 The machine this runs on is shared: the load average is printed and recorded, and the
-PERF_NOTES figures for `transformers` on the idle machine (5,050 / 1,712 tok/s at batch
+figures measured earlier for `transformers` on the idle machine (5,050 / 1,712 tok/s at batch
 64 / 8) are reported next to the measured ones (`ratio_vs_reference`). torch's OpenMP
 threads degrade badly when the cores are oversubscribed; `--torch-threads 1` shows that.
 
@@ -57,7 +57,7 @@ HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hid
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                  rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-6)
 PROMPT_LEN, NEW_TOKENS = 32, 96
-PEER_REFERENCE = {64: 5050.0, 8: 1712.0}   # PERF_NOTES: transformers eager generate, idle machine
+PEER_REFERENCE = {64: 5050.0, 8: 1712.0}   # transformers eager generate, idle machine (earlier)
 WARMUP_CALLS = 2   # untimed calls per side (the first one compiles)
 PAUSE_S = 0.1      # between calls, so one side's spinning threads have stopped
 

@@ -1,6 +1,6 @@
 """How one rljax GRPO iteration (rollout + update) scales with batch, length and width.
 
-Starts from the shared workload of ../shared/PERF_NOTES.md (tiny Qwen2: vocab 512,
+Starts from the shared workload of benchmarks/README.md (tiny Qwen2: vocab 512,
 width 256, MLP 768 = 3·width, 4 layers, 4 heads x 64, 2 KV heads; 8 prompts x 8
 generations, prompts of 32 tokens, 96 new tokens) and varies one thing at a time,
 three values each, with the trainer's own pieces (`grpo_vs_trl.RljaxGRPO`: `generate` ->
@@ -12,7 +12,7 @@ the default "recompute" is timed in its own column, outside the iteration time):
   width  : hidden size 128 / 256 / 512 (MLP 3x, heads of 64: 2 / 4 / 8 heads, 1 / 2 / 4 KV)
 
 Each cell is the median of `--reps` iterations after one compile-and-warm-up iteration.
-Next to the time it prints the analytic FLOPs (PERF_NOTES formula: 2·M·K·N per matmul,
+Next to the time it prints the analytic FLOPs (2·M·K·N per matmul,
 x3 for the update) and the time relative to the middle value, so one can read whether
 costs grow as the FLOPs do (batch: linear; length: slightly super-linear through
 attention, plus the sequential decode; width: ~quadratic in the matmuls).

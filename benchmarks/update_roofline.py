@@ -2,7 +2,7 @@
 
 Roofline: median GFLOP/s of a 1024³ fp32 `jnp.dot`. Update step: the trainer's jitted
 `update_step` (`rljax.train.update.build_update_step`: forward + backward + AdamW, one
-micro-batch) on the shared GRPO workload of ../shared/PERF_NOTES.md (tiny Qwen2, 64
+micro-batch) on the shared GRPO workload of benchmarks/README.md (tiny Qwen2, 64
 sequences of 32 prompt + 96 completion tokens, lm head only on the completion
 positions). FLOPs are analytic: 2·M·K·N per matmul (attention scores and values over
 the full S×S square included), x3 for forward + backward = 172.3 GFLOP; the forward
@@ -77,9 +77,10 @@ def worker(reps: int) -> dict:
     RljaxGRPO,
     build_hf,
     load_into_rljax,
+    trainer_modules,
   )
 
-  from rljax.train.update import objective
+  objective = trainer_modules().objective
 
   n = 1024
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -98,7 +99,7 @@ def worker(reps: int) -> dict:
           "tokens": rng.integers(2, cfg.vocab_size, (rows_n, NEW_TOKENS)),
           "mask": np.ones((rows_n, NEW_TOKENS), np.int32)}
   seq, mb = grpo.minibatch(rows, 0)
-  old_logp, _ = grpo.policy_stats(grpo.state.actor, seq)
+  old_logp, _ = grpo.fns.policy_stats(grpo.state.actor, seq)
   mb["old_logp"] = mb["ref_logp"] = old_logp
   graphdef = nnx.graphdef(grpo.merge())
 
@@ -109,7 +110,7 @@ def worker(reps: int) -> dict:
       return jnp.sum(logp * batch["advantages"][:, None])
     return jax.grad(loss)(params)
 
-  fwd = lambda: jax.block_until_ready(grpo.policy_stats(grpo.state.actor, seq))  # noqa: E731
+  fwd = lambda: jax.block_until_ready(grpo.fns.policy_stats(grpo.state.actor, seq))  # noqa: E731
   grad = lambda: jax.block_until_ready(grad_only(grpo.state.actor, mb))  # noqa: E731
 
   def step():
