@@ -1,8 +1,8 @@
 """The jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`.
 
-The minibatch is split into micro-batches scanned with `lax.scan` (one micro-batch: no
-scan, so no zeroed gradient accumulator); gradients of the globally normalised
-micro-losses are summed, so the update does not depend on the split. A non-finite gradient norm skips the update (parameters and optimizer state
+The minibatch is split into micro-batches scanned with `lax.scan`; gradients of the
+globally normalised micro-losses are summed, so the update does not depend on the
+split. A non-finite gradient norm skips the update (parameters and optimizer state
 unchanged) and is counted.
 """
 
@@ -42,10 +42,6 @@ def accumulate_gradients(micro, params, minibatch, denom, base, num_micro):
   `lax.scan`; returns (grads, loss, metric sums, per-token outputs [num_micro, b, ...] or
   None)."""
   grad_fn = jax.value_and_grad(micro, has_aux=True)
-  if num_micro == 1:   # no scan: no zeroed gradient accumulator beside the gradients
-    (loss, sums), grads = grad_fn(params, minibatch, denom, base)
-    per_token = sums.pop(objective.TOKEN_OUTPUTS, None)
-    return grads, loss, sums, jax.tree.map(lambda x: x[None], per_token)
 
   def body(carry, mb):
     grads, loss, sums = carry
