@@ -1,7 +1,7 @@
 """Where rljax's time goes: XLA per-op profile of the decode loop and of the update step.
 
 Runs the static sampler (`rljax.sampling.generate`: prefill + `lax.while_loop` decode) at
-the given batch sizes and the trainer's update step (`grpo_vs_trl.RljaxGRPO`: forward,
+the given batch sizes and the trainer's update step (`workload.RljaxGRPO`: forward,
 backward and AdamW, lm head on the completion positions, one micro-batch) under
 `jax.profiler`, with XLA dumping the optimised HLO of every program. Each executed XLA
 operation (a fusion, a dot, a copy, ...) is mapped back, through the HLO's stack-frame
@@ -287,7 +287,7 @@ def main():
   import numpy as np
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from grpo_vs_trl import RljaxGRPO, matmul_roofline
+  from workload import RljaxGRPO, matmul_roofline
 
   from rljax.sampling import SamplingParams, generate
 

@@ -59,14 +59,12 @@ from grpo_vs_trl import (
   Worker,
   check_configs,
   emit,
-  pin_cpus,
   print_configs,
-  prompt_ids,
-  rss_peak_mb,
   run_pair,
   summarise,
   wait_command,
 )
+from workload import pin_cpus, prompt_ids, rss_peak_mb
 
 QWEN25_05B = dict(layers=24, width=896, heads=14, kv_heads=2, head_dim=64, intermediate=4864,
                   vocab=151936)

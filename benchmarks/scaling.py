@@ -3,7 +3,7 @@
 Starts from the shared workload of benchmarks/README.md (tiny Qwen2: vocab 512,
 width 256, MLP 768 = 3·width, 4 layers, 4 heads x 64, 2 KV heads; 8 prompts x 8
 generations, prompts of 32 tokens, 96 new tokens) and varies one thing at a time,
-three values each, with the trainer's own pieces (`grpo_vs_trl.RljaxGRPO`: `generate` ->
+three values each, with the trainer's own pieces (`workload.RljaxGRPO`: `generate` ->
 jitted `update_step` with `old_logp_source="update"`; the separate old-log-prob forward of
 the default "recompute" is timed in its own column, outside the iteration time):
 
@@ -30,9 +30,9 @@ import os
 import statistics
 
 import numpy as np
-from grpo_vs_trl import PROMPT_LEN, RljaxGRPO, build_hf, load_into_rljax
 from sampler_vs_hf import generate_flops
 from update_roofline import train_flops
+from workload import PROMPT_LEN, RljaxGRPO, build_hf, load_into_rljax
 
 BASE = {"prompts": 8, "new_tokens": 96, "width": 256}
 SWEEPS = {"batch": ("prompts", (4, 8, 16)), "length": ("new_tokens", (48, 96, 192)),

@@ -69,7 +69,7 @@ def worker(reps: int) -> dict:
   import jax
   import jax.numpy as jnp
   from flax import nnx
-  from grpo_vs_trl import (
+  from workload import (
     GROUP,
     NEW_TOKENS,
     PROMPT_LEN,

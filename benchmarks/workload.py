@@ -1,0 +1,301 @@
+"""The shared workload of the benchmarks and the rljax side of a GRPO step on it.
+
+The model: a Qwen2-layout decoder with random weights (`HF_CONFIG`: vocab 512, width 256,
+MLP 768, 4 layers, 4 query heads x 64, 2 KV heads, untied lm head, rope θ 1e4; 3.41 M
+parameters) built with torch from a fixed seed, saved with `save_pretrained` and loaded
+with `rljax.models.load_hf`. A GRPO step: `PROMPTS` prompts of `PROMPT_LEN` tokens x `GROUP`
+samples of `NEW_TOKENS` tokens, one AdamW update at `LR`. Also the process helpers every
+comparison uses (CPU pinning, thread counts, peak RSS, CPU seconds, the matmul roofline).
+`benchmarks/README.md` has the tables.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 8, 8, 32, 96, 1e-5
+
+
+HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
+                 rms_norm_eps=1e-6)
+
+
+def trainer_modules():
+  """The rljax trainer internals this benchmark drives, imported in this one place: the
+  config and its specs, the parameter room, the compiled forward passes and update step."""
+  from rljax.train.config import base_config, validate
+  from rljax.train.config.from_config import build_specs
+  from rljax.train.params import Params
+  from rljax.train.run.components import optimizer
+  from rljax.train.update import objective
+  from rljax.train.update.forward import ForwardFns
+  from rljax.train.update.step import build_update_step
+
+  return SimpleNamespace(base_config=base_config, validate=validate, build_specs=build_specs,
+                         Params=Params, optimizer=optimizer, ForwardFns=ForwardFns,
+                         build_update_step=build_update_step, objective=objective)
+
+
+def build_hf(seed: int = 0, **overrides):
+  """The random-weight Qwen2 built with torch from a fixed seed (`HF_CONFIG` + overrides)."""
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  cfg = transformers.Qwen2Config(**{**HF_CONFIG, **overrides})
+  return transformers.Qwen2ForCausalLM(cfg)
+
+
+def save_hf(path: str, seed: int = 0, **overrides) -> str:
+  """Builds the seeded model and saves it (safetensors) to `path`; returns `path`."""
+  build_hf(seed, **overrides).save_pretrained(path)
+  return path
+
+
+def load_into_rljax(hf_model):
+  """save_pretrained -> rljax.models.load_hf (the public import path)."""
+  from rljax.models import load_hf
+
+  with tempfile.TemporaryDirectory() as path:
+    hf_model.save_pretrained(path)
+    return load_hf(path)
+
+
+def word_tokenizer(vocab: int):
+  """A fast tokenizer where "t17 t3 ..." maps word by word to ids 17, 3, ... (0 pad, 1 eos)."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  words = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i for i in range(2, vocab)}}
+  tok = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                 eos_token="<eos>", unk_token="<pad>")
+
+
+def prompt_ids(steps: int, vocab: int, seed: int = 0, prompts: int = PROMPTS,
+               prompt_len: int = PROMPT_LEN) -> np.ndarray:
+  """[steps, prompts, prompt_len] token ids in [2, vocab) (0 = pad, 1 = eos)."""
+  return np.random.default_rng(seed).integers(2, vocab, (steps, prompts, prompt_len))
+
+
+# ----------------------------------------------------------------------------- threads
+def pin_cpus(threads: int) -> list[int]:
+  """Restricts this process to its first `threads` allowed CPUs (0: all); returns them.
+
+  Call before JAX creates its CPU client: XLA sizes its thread pool from the affinity.
+  """
+  cpus = sorted(os.sched_getaffinity(0))
+  if threads:
+    if threads > len(cpus):
+      raise SystemExit(f"--threads {threads}: only {len(cpus)} CPUs allowed ({cpus})")
+    cpus = cpus[:threads]
+    os.sched_setaffinity(0, cpus)
+  return cpus
+
+
+def process_threads(prefix: str) -> int:
+  """Threads of this process whose name starts with `prefix` (XLA's pool: "tf_XLAEigen")."""
+  names = []
+  for tid in os.listdir("/proc/self/task"):
+    try:
+      with open(f"/proc/self/task/{tid}/comm") as f:
+        names.append(f.read().strip())
+    except OSError:
+      pass
+  return sum(n.startswith(prefix) for n in names)
+
+
+def rss_peak_mb() -> float:
+  """This process's resident-set high-water mark (getrusage ru_maxrss, KiB on Linux)."""
+  import resource
+
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+  """User + system CPU time of this process so far (all its threads)."""
+  import resource
+
+  r = resource.getrusage(resource.RUSAGE_SELF)
+  return r.ru_utime + r.ru_stime
+
+
+def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
+  """Sustained fp32 `jnp.dot` rate on n³ (GFLOP/s): `warm` untimed dots, median of `reps`.
+
+  The first dots after a long step run at ~60 % of the steady rate (threads and caches
+  cold), hence the warm-up.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  for _ in range(warm):
+    dot(a, b).block_until_ready()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    dot(a, b).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 2 * n ** 3 / statistics.median(times) / 1e9
+
+
+# ----------------------------------------------------------------------------- rljax
+class RljaxGRPO:
+  """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
+
+  def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=(), pack=False,
+               loss_agg="seq_mean_token_mean", lr=LR):
+    import jax
+    from flax import nnx
+
+    from rljax import parallel
+    from rljax.sampling import SamplingParams
+
+    t = trainer_modules()
+    c = t.base_config()
+    c.sampling.n, c.sampling.max_new_tokens = group, new_tokens
+    c.algo.update(old_logp_source="update",   # one update per rollout, as TRL here
+                  loss_agg=loss_agg, epochs=1, minibatches=1, microbatches=1)
+    c.optim.update(actor_lr=lr, warmup_steps=0, weight_decay=0.0, b1=0.9, b2=0.999,
+                   grad_clip=1.0)   # TRL / transformers AdamW defaults
+    self.c, self.model_cfg = c, model.cfg
+    self.group, self.new_tokens, self.pack = group, new_tokens, pack
+    self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group,
+                                   stop_tokens=tuple(stop_tokens))
+    self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+    parallel.shard_model(model, self.mesh)
+    graphdef, params = nnx.split(model)
+    self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # the sampler's view
+    groups = 1 if pack else 0   # packed rows (algo.pack_sequences) or the padded layout
+    c.algo.pack_sequences = pack
+    t.validate(c)
+    specs = t.build_specs(c, model_description=repr(model.cfg), pack_groups=groups)
+    tx = t.optimizer(c, c.optim.actor_lr)
+    room = t.Params(actor_graphdef=graphdef, critic_graphdef=None, initial_actor=params,
+                    initial_critic=None, actor_tx=tx, critic_tx=tx, mesh=self.mesh,
+                    sources=specs.sources, seed=0, lora=False, critic_from_policy=True)
+    self.state = room.init_state(params)
+    assert self.state.ref is None, "no reference model: kl_coef is 0, as on TRL's side"
+    shardings = jax.tree.map(lambda x: x.sharding, self.state)
+    self.num_micro = specs.schedule.microbatches
+    self.update_step = t.build_update_step(specs.loss, graphdef, None, tx, tx, self.num_micro,
+                                           state_shardings=shardings, mesh=self.mesh)
+    self.fns = t.ForwardFns(specs.loss, graphdef, None, num_micro=self.num_micro,
+                            mesh=self.mesh)
+    self.last_minibatch = None
+
+  def config(self, prompts: int, prompt_len: int) -> dict:
+    """This side's configuration in the `COMPARED` vocabulary, read from its own objects."""
+    a, o, s, m = self.c.algo, self.c.optim, self.sampling, self.model_cfg
+    return {
+        "dtype": f"{m.dtype} compute, {m.param_dtype} params",
+        "threads": len(os.sched_getaffinity(0)),
+        "prompts": prompts, "group": s.n, "completions": prompts * s.n,
+        "prompt_len": prompt_len, "new_tokens": s.max_new_tokens,
+        "stop_tokens": sorted(s.stop_tokens),
+        "loss_agg": a.loss_agg, "eps_low": float(a.eps_low), "eps_high": float(a.eps_high),
+        "kl_coef": float(a.kl_coef) if a.kl_placement != "none" else 0.0,
+        "advantage": "group mean, / group std" if a.advantage == "grpo" else a.advantage,
+        "updates_per_rollout": int(a.epochs) * int(a.minibatches),
+        "micro_batches": self.num_micro, "optimizer": "adamw",
+        "lr": float(o.actor_lr), "adam_b1": float(o.b1), "adam_b2": float(o.b2),
+        "adam_eps": 1e-8,   # optax.adamw's default, which make_optimizer keeps
+        "weight_decay": float(o.weight_decay), "grad_clip": float(o.grad_clip),
+        "activation_checkpointing": bool(m.remat),
+        "old_logp_forward": a.old_logp_source == "recompute",
+        "temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k),
+        # not compared
+        "sampler": "continuous, all rows resident, one prefill per prompt",
+        "update_layout": "packed" if self.pack else "padded",
+    }
+
+  def rollout(self, prompts, seed):
+    """The trainer's default sampler: continuous batching with every row resident and
+    one prefill per prompt for its samples (`sampling.continuous`, `share_prefill`)."""
+    import jax
+
+    from rljax.sampling.continuous import generate_continuous
+
+    out = generate_continuous(self.merge(), prompts, np.ones_like(prompts),
+                              sampling=self.sampling, rng=jax.random.key(seed),
+                              slots=prompts.shape[0] * self.group, share_prefill=True)
+    rows = {"prompt_tokens": np.asarray(out.prompt_tokens),
+            "prompt_mask": np.asarray(out.prompt_mask), "tokens": np.asarray(out.tokens),
+            "mask": np.asarray(out.mask), "sampler_logp": np.asarray(out.logp, np.float32)}
+    if not self.sampling.stop_tokens:
+      assert rows["mask"].sum() == prompts.shape[0] * self.group * self.new_tokens
+    return rows
+
+  def minibatch(self, rows, seed):
+    import jax
+    import jax.numpy as jnp
+
+    from rljax.ops.advantages import group_advantages
+    from rljax.parallel import batch_sharding
+
+    sh = batch_sharding(self.mesh)
+    seq = {k: jax.device_put(rows[k], sh) for k in ("prompt_tokens", "prompt_mask", "tokens",
+                                                      "mask")}
+    b = rows["mask"].shape[0]
+    scores = np.random.default_rng(seed).random(b).astype(np.float32)
+    adv = group_advantages(jnp.asarray(scores).reshape(-1, self.group)).reshape(-1)
+    ones = jnp.ones(rows["mask"].shape, jnp.float32)
+    mb = dict(seq, advantages=adv, returns=jnp.zeros_like(ones), old_values=jnp.zeros_like(ones),
+              token_weights=ones, is_weights=ones, kl_coef=self.state.kl_coef,
+              rng=jax.random.key_data(jax.random.split(jax.random.key(seed), b)))
+    if not self.pack:
+      return seq, mb
+    # the packing layout of these rows (one group: one device, one micro-batch)
+    lengths = {"prompt_lengths": rows["prompt_mask"].sum(1), "lengths": rows["mask"].sum(1)}
+    packed = self.fns.pack(lengths, rows["mask"].shape[1], rows["prompt_mask"].shape[1])
+    seq.update(packed)
+    mb.update(packed)
+    return seq, mb
+
+  def iteration(self, prompts, seed, *, time_recompute: bool = True):
+    """One timed iteration: {"generate": s, "update": s, "total": s, "tokens": n,
+    "old_logp": s} (old_logp: the recompute forward, timed after the step and not part of
+    its total; only with `time_recompute`)."""
+    import jax
+    import jax.numpy as jnp
+
+    t0 = time.perf_counter()
+    rows = self.rollout(prompts, seed)
+    t1 = time.perf_counter()
+    seq, mb = self.minibatch(rows, seed)
+    mb["old_logp"] = mb["ref_logp"] = jnp.zeros(rows["mask"].shape, jnp.float32)  # unused
+    self.state, metrics = self.update_step(self.state, mb, jnp.asarray(True))
+    float(metrics["loss"])
+    t2 = time.perf_counter()
+    self.last_minibatch = mb
+    out = {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0,
+           "tokens": int(rows["mask"].sum())}
+    if time_recompute:
+      jax.block_until_ready(self.fns.policy_stats(self.state.actor, seq))
+      out["old_logp"] = time.perf_counter() - t2
+    return out
+
+  def update_memory(self) -> dict:
+    """XLA's compiled memory analysis of the update step (MB): arguments, outputs,
+    temporaries and the peak args + out + temp - aliased (donated) bytes."""
+    import jax.numpy as jnp
+
+    m = self.update_step.lower(self.state, self.last_minibatch,
+                               jnp.asarray(True)).compile().memory_analysis()
+    mb = lambda x: round(x / 2 ** 20, 1)  # noqa: E731
+    return {"args_mb": mb(m.argument_size_in_bytes), "out_mb": mb(m.output_size_in_bytes),
+            "temp_mb": mb(m.temp_size_in_bytes), "alias_mb": mb(m.alias_size_in_bytes),
+            "peak_mb": mb(m.argument_size_in_bytes + m.output_size_in_bytes
+                          + m.temp_size_in_bytes - m.alias_size_in_bytes)}
