@@ -223,6 +223,18 @@ def test_report_compares_with_previous_and_first():
     ablation_report.effects_report({"a": [{"x": 1.0}], "b": [{"x": 1.0}, {"x": 2.0}]})
 
 
+def test_a_repeated_step_is_compared_with_the_step_it_repeats():
+  """`STEP@LABEL` (an A/A control listed last) is paired with STEP, not with the step
+  before it; a label on a step absent from the list keeps the previous step."""
+  steps = {name: [{"x": base + seed} for seed in (0.0, 0.1, 0.3)]
+           for name, base in (("a", 0.0), ("b", 1.0), ("a@aa", 0.5), ("z@1", 2.0))}
+  report = ablation_report.effects_report(steps)
+  repeat, orphan = report["steps"][2], report["steps"][3]
+  assert repeat["effects_vs_previous"]["x"]["mean"] == pytest.approx(0.5)   # vs a, not b
+  assert repeat["effects_vs_previous"] == repeat["effects_vs_first"]
+  assert orphan["effects_vs_previous"]["x"]["mean"] == pytest.approx(1.5)   # vs a@aa
+
+
 def test_markdown_table_and_forest_plot(tmp_path):
   rng = np.random.default_rng(6)
   results = {}

@@ -55,6 +55,13 @@ def _outcomes(results):
   return keep
 
 
+def _previous(names, i):
+  """The step step i is compared with: the one before it, or for a repeat `STEP@LABEL`
+  (an A/A control) the step it repeats."""
+  repeated = names[i].partition("@")[0]
+  return repeated if "@" in names[i] and repeated in names[:i] else names[i - 1]
+
+
 def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boot=2000,
                    rng_seed=0, lower_is_better=()):
   """Machine-readable ablation report: the paired effect of every step vs the previous and
@@ -73,7 +80,8 @@ def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boo
     lower_is_better: outcome names for which a decrease is "better".
   Returns:
     {"confidence": float, "steps": [{"name": step, "seeds": [...], "means": {outcome: mean
-    over seeds and prompts}, "effects_vs_previous": {outcome: Effect.to_dict() plus
+    over seeds and prompts}, "effects_vs_previous" (a repeat `STEP@LABEL`: vs STEP, its A/A
+    control): {outcome: Effect.to_dict() plus
     "level" ("prompt" | "run")}, "effects_vs_first": {...}}, ...]}; the first step's effect
     dicts are empty.
   Raises:
@@ -109,7 +117,7 @@ def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boo
     steps.append({
         "name": step, "seeds": seeds,
         "means": {o: float(np.nanmean(stacked[step][o])) for o in outcomes},
-        "effects_vs_previous": compare(step, names[i - 1]) if i else {},
+        "effects_vs_previous": compare(step, _previous(names, i)) if i else {},
         "effects_vs_first": compare(step, names[0]) if i else {},
     })
   return {"confidence": float(confidence), "steps": steps}
@@ -163,7 +171,8 @@ def effects_markdown(report, *, percent=None):
   header = ["step"] + [f"{o} (pts)" if o in pts else o for o in outcomes]
   n_seeds = len(steps[0]["seeds"])
   sections = []
-  for key, title in (("effects_vs_previous", "vs the previous step"),
+  for key, title in (("effects_vs_previous", "vs the previous step (a repeat STEP@LABEL: vs "
+                                             "STEP, its A/A control)"),
                      ("effects_vs_first", f"vs the first step ({steps[0]['name']})")):
     lines = [f"Effect {title}: mean paired difference over {n_seeds} seeds (and the held-out "
              f"prompts for per-prompt outcomes), {level:g} % CI, verdict. Columns marked (pts) "
