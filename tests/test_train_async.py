@@ -56,6 +56,8 @@ def test_first_batch_is_the_synchronous_one_and_later_ones_differ(tmp_path):
     runs[k] = read_records(tmp_path / f"k{k}" / "grpo")
   assert runs[0][0]["update/loss"] == runs[1][0]["update/loss"]
   assert runs[0][1]["update/loss"] != runs[1][1]["update/loss"]
+  for k, records in runs.items():   # the trainer's wall per iteration, update included
+    assert all(r["time/iteration_s"] >= r["time/update_s"] > 0 for r in records), k
 
 
 @pytest.mark.parametrize("k", [0, 1])

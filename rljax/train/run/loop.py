@@ -98,6 +98,7 @@ class _Session:
     """A rejection-sampling phase when due, one RL iteration, its metrics (and held-out
     ones when due). Raises when too many updates in a row were skipped as non-finite."""
     run, spec = self.run, self.run.specs.run
+    t0 = time.perf_counter()
     rsft_metrics = {}
     if self.rsft is not None and it % self.rsft.spec.every == 0:
       state, rsft_metrics, *_ = self.rsft.phase(state, it, self.model(state))
@@ -116,6 +117,9 @@ class _Session:
     m["compile/programs"] = self.compile_count()
     m["update/skipped_total"] = int(state.skipped_updates)
     self.source.updated(state)
+    # the trainer's wall time per iteration (sampling, or waiting for the sampler thread,
+    # and the update; held-out evaluation excluded): what asynchronous rollouts can shorten
+    m["time/iteration_s"] = time.perf_counter() - t0
     if spec.eval_every and (it + 1) % spec.eval_every == 0:
       heldout, per_prompt = evaluate_heldout(run, self.model(state), self.eval_key)
       m.update({f"eval/{k}": v for k, v in heldout.items()})
