@@ -45,10 +45,10 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
+from workload import matmul_roofline
 
 from rljax.models import load_hf
 from rljax.sampling import SamplingParams, compile_count, generate
@@ -72,21 +72,6 @@ def generate_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
   dense = 2.0 * matmul_params * positions
   attention = 4.0 * h * dh * layers * sum(range(1, positions + 1))
   return batch * (dense + attention)
-
-
-def matmul_gflops(n: int = 1024, reps: int = 7) -> float:
-  """Measured fp32 matmul throughput of `jnp.dot` on n x n x n (median GFLOP/s)."""
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  for _ in range(10):   # to the sustained rate (the first calls run slower)
-    dot(a, b).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    dot(a, b).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
 def build_models(seed: int = 0, save_to: str | None = None):
@@ -271,7 +256,7 @@ def main():
         f"({args.torch_threads or torch.get_num_threads()} threads), "
         f"transformers {transformers.__version__}; "
         f"{'one process' if args.in_process else 'a worker process per side and block'}")
-  peak = matmul_gflops()
+  peak = matmul_roofline(reps=7)
   print(f"matmul roofline (1024³ fp32 jnp.dot): {peak:.1f} GFLOP/s")
   with tempfile.TemporaryDirectory() as model_dir:
     _, _, cfg = build_models(save_to=model_dir)
