@@ -53,14 +53,18 @@ def _wait_for_checkpoint(run_dir, step, proc, timeout=240):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [0, 1], ids=["synchronous", "batches_in_flight"])
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness):
+@pytest.mark.parametrize("staleness,partial", [(0, False), (1, False), (2, True)],
+                         ids=["synchronous", "batches_in_flight", "partial_rollout_in_flight"])
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness, partial):
   """Killed after checkpoint 2 and resumed: the same records and parameters as a run that
   was never interrupted; with sampling.max_staleness = 1 the batch sampled ahead of the
-  checkpoint is written beside it and consumed after the resume."""
+  checkpoint is written beside it and consumed after the resume; with k = 2 and partial
+  rollouts so is the batch whose first segments (by versions the checkpoint no longer
+  holds) were sampled, and it resumes from its next segment."""
   overrides = dict(MICRO, **{"run.iterations": 5, "run.save_every": 1,
                              "task.prompt_sampler": "prioritized", "algo.reward_norm": True,
                              "sampling.max_staleness": staleness,
+                             "sampling.partial_rollouts": partial,
                              "task.reward_fns": ["tests/signal_rewards.py:digit_share"]})
   reference = micro_config("grpo", tmp_path / "ref", **overrides)
   train(reference)
@@ -82,7 +86,11 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness):
   result = train(resumed)
   assert result["iterations"] == 5
   if staleness:
-    assert sorted(int(p.stem) for p in (run_dir / "inflight").glob("*.npz"))
+    saved = sorted((run_dir / "inflight").glob("*.npz"))
+    assert saved
+    with np.load(saved[0]) as data:   # the older version the next batch starts with, too
+      assert ("partial/meta" in data.files) == partial
+      assert any(k.startswith("model") for k in data.files) == partial
   assert _records(run_dir) == _records(tmp_path / "ref" / "grpo")
   a, b = _final_params(run_dir, 5), _final_params(tmp_path / "ref" / "grpo", 5)
   jax.tree.map(np.testing.assert_array_equal, a, b)

@@ -89,9 +89,25 @@ def check_async(errors, c):
       if bad:
         errors.append(f"sampling.max_staleness={k} samples in the background: {what} is not "
                       "supported with it (set sampling.max_staleness=0)")
+  if s.partial_rollouts:
+    _check_partial_rollouts(errors, c)
   if not isinstance(p.sampler_devices, int) or p.sampler_devices < 0:
     errors.append(f"parallel.sampler_devices={p.sampler_devices!r} must be an int >= 0 "
                   "(0: colocated)")
   elif p.sampler_devices and (p.sampler_tensor < 1 or p.sampler_devices % p.sampler_tensor):
     errors.append(f"parallel.sampler_tensor={p.sampler_tensor} must divide "
                   f"parallel.sampler_devices={p.sampler_devices}")
+
+
+def _check_partial_rollouts(errors, c):
+  """sampling.partial_rollouts: single-turn rollouts over k + 1 segments, one round each."""
+  s, a, k = c.sampling, c.algo, c.sampling.max_staleness
+  blocked = [(k == 0, "sampling.max_staleness=0 (no weight handoff happens mid-request: "
+                      "set it >= 1)"),
+             (a.dynamic_sampling, "algo.dynamic_sampling (its extra rounds)"),
+             (a.advantage == "remax", "algo.advantage='remax' (its greedy rollout)"),
+             (s.max_new_tokens < k + 1,
+              f"sampling.max_new_tokens={s.max_new_tokens} < k + 1 = {k + 1} segments")]
+  for bad, what in blocked:
+    if bad:
+      errors.append(f"sampling.partial_rollouts=True is not supported with {what}")

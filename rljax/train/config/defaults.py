@@ -193,6 +193,10 @@ def _sampling() -> ConfigDict:
       # asynchronous rollouts: batch t is sampled by policy version max(0, t - k) while the
       # trainer updates (0: the synchronous loop); rljax.train.run.async_rollouts
       max_staleness=0,
+      # with max_staleness = k > 0: a request in flight at a weight handoff continues with
+      # the new weights (the completion in k + 1 segments, segment s by version t - k + s);
+      # rljax.train.rollout.partial
+      partial_rollouts=False,
       eval_n=4,                # samples per held-out prompt for pass@k / avg@k
       eval_temperature=1.0,
       # pass@k for large k (powers of two up to eval_passk_n) on the first

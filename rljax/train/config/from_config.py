@@ -70,6 +70,7 @@ def rollout_spec(config) -> RolloutSpec:
       greedy_baseline=a.advantage == "remax", eval_n=int(heldout["k"]),
       eval_temperature=float(heldout["temperature"]), eval_passk_n=int(s.eval_passk_n),
       eval_passk_prompts=int(s.eval_passk_prompts), max_staleness=int(s.max_staleness),
+      partial_rollouts=bool(s.partial_rollouts),
       episodes=episode_spec(config), eval_size=int(heldout["size"]))
 
 

@@ -68,6 +68,7 @@ class RolloutSpec:
   eval_passk_n: int = 0
   eval_passk_prompts: int = 0
   max_staleness: int = 0       # batch t is sampled by policy version max(0, t - k)
+  partial_rollouts: bool = False   # requests continue with each newer version (k + 1 segments)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
 

@@ -75,7 +75,8 @@ class RolloutBatch:
   greedy_scores: np.ndarray | None = None
   episodes: EpisodeRecords | None = None
   seconds: dict = dataclasses.field(default_factory=dict)   # generate_s, score_s
-  versions: np.ndarray | None = None   # int [B]: the policy version that sampled each row
+  # int [B]: the policy version that sampled each row ([B, T], each token: partial rollouts)
+  versions: np.ndarray | None = None
 
   @property
   def size(self) -> int:

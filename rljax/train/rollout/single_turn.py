@@ -21,13 +21,14 @@ from rljax.sampling import buckets, generate_rows
 from rljax.sampling.continuous import continuous_rows
 from rljax.train.rollout.batch import RolloutBatch
 from rljax.train.rollout.context import (
-    RolloutContext,
-    batch_shards,
-    encode_prompts,
-    row_layout,
-    row_streams,
-    score_texts,
+  RolloutContext,
+  batch_shards,
+  encode_prompts,
+  row_layout,
+  row_streams,
+  score_texts,
 )
+from rljax.train.rollout.partial import SegmentedPolicy, sample_segments
 
 
 def decode_slots(slots: int, rows: int, shards: int) -> int:
@@ -58,6 +59,9 @@ class SingleTurn:
   def sample(self, model, prompts, rng, *, sampling=None) -> dict:
     """Generates `sampling.n` completions per prompt, each process tokenizing only its rows.
 
+    `model` is a model, or a `SegmentedPolicy` whose versions take turns (partial rollouts,
+    `rljax.train.rollout.partial`).
+
     Row i (completion i % n of prompt i // n) lives on one device of the mesh; the process
     owning that device encodes its prompt. The sampler runs on the global rows, so every
     row draws the same random numbers as in a single process.
@@ -82,18 +86,34 @@ class SingleTurn:
     rows_in = map(put, pad(buckets.round_up(p, "pow2"), 0))
     # each row draws from (its prompt, its sample index): common random numbers across runs
     streams = put(row_streams(prompts, n, r)[local])
-    if self.continuous:
-      slots = decode_slots(self.slots, r, batch_shards(ctx.mesh))
-      out = continuous_rows(model, *rows_in, sampling=sampling, rng=rng, slots=slots,
-                            num_rows=b, share_prefill=self.share_prefill, mesh=ctx.mesh,
-                            streams=streams)
+    generate = self._generator(r, b, streams)
+    if isinstance(model, SegmentedPolicy):   # partial rollouts: versions change mid-request
+      tokens_rt, mask_rt, logp_rt, truncated = sample_segments(
+          generate, model, *rows_in, sampling=sampling, rng=rng)
     else:
-      out = generate_rows(model, *rows_in, sampling=sampling, rng=rng,
-                          share_prefill=self.share_prefill, streams=streams)
+      out = generate(model, *rows_in, sampling, rng, True)
+      tokens_rt, mask_rt, logp_rt, truncated = out.tokens, out.mask, out.logp, out.truncated
     prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
     return jax.device_put({
-        "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": out.tokens,
-        "mask": out.mask, "sampler_logp": out.logp, "truncated": out.truncated}, sharding)
+        "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens_rt,
+        "mask": mask_rt, "sampler_logp": logp_rt, "truncated": truncated}, sharding)
+
+  def _generator(self, rows: int, real_rows: int, streams):
+    """`generate(model, tokens, mask, sampling, rng, grouped) -> Decoded` on `rows` placed
+    prompt rows (the first `real_rows` real), by the continuous or the static sampler;
+    `grouped`: each group of n rows holds one prompt (its prefill can be shared)."""
+    ctx = self.ctx
+
+    def generate(model, tokens, mask, sampling, rng, grouped):
+      share = grouped and self.share_prefill
+      if self.continuous:
+        return continuous_rows(
+            model, tokens, mask, sampling=sampling, rng=rng, num_rows=real_rows,
+            slots=decode_slots(self.slots, rows, batch_shards(ctx.mesh)),
+            share_prefill=share, mesh=ctx.mesh, streams=streams)
+      return generate_rows(model, tokens, mask, sampling=sampling, rng=rng,
+                           share_prefill=share, streams=streams)
+    return generate
 
   def score(self, prompts, rows, n) -> RolloutBatch:
     """Decodes and scores this process's completions of `rows` (from `sample`); then every

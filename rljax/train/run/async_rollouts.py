@@ -7,10 +7,17 @@ the first k), so a run is reproducible and no batch is ever staler than k; the s
 up to k iterations ahead of the trainer (one-step off-policy at k = 1, as verl's one-step
 off-policy trainer; AReaL bounds staleness the same way, arXiv:2505.24298, Sec. 4). The
 sampler thread also draws the prompts and feeds back their success rates, in batch order.
+
+With `sampling.partial_rollouts` the requests of batch t continue with each version
+published while they are in flight: segment s of the completion columns is sampled by
+version min(t, t − k + s), s = 0..k (`rljax.train.rollout.partial`), so each token records
+its own version; the last segment waits for the trainer's version t (fresher tokens for less
+overlap).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -18,6 +25,7 @@ import jax
 import numpy as np
 
 from rljax.train.rollout import collect
+from rljax.train.rollout.partial import SegmentedPolicy, column_versions
 from rljax.train.run.build import Run
 from rljax.train.run.iteration import (
     Sampled,
@@ -32,6 +40,31 @@ def behaviour_version(t: int, k: int) -> int:
   return max(0, t - k)
 
 
+def segment_versions(t: int, k: int) -> list[int]:
+  """The versions that sample the k + 1 segments of batch t with partial rollouts."""
+  return [min(t, behaviour_version(t, k) + s) for s in range(k + 1)]
+
+
+@dataclasses.dataclass
+class InFlight:
+  """What a checkpoint at step t keeps of the sampler (`rljax.train.run.inflight`).
+
+  Attributes:
+    batches: the batches t, t+1, ... sampled ahead of the trainer.
+    partial: (prompts, `PartialRows`) of the batch after them, sampled in part, or None.
+    models: {version: sampler model} of the versions < t that later segments still need
+      (partial rollouts: the checkpoint holds only version t).
+  """
+
+  batches: list
+  partial: tuple | None = None
+  models: dict = dataclasses.field(default_factory=dict)
+
+
+class _Closed(Exception):
+  """The run closed the sampler while it waited for a version."""
+
+
 class AsyncRollouts:
   """The sampler thread of a run with `sampling.max_staleness` k > 0.
 
@@ -42,47 +75,91 @@ class AsyncRollouts:
     run: the built run (rollouts, prompt sampler, specs).
     state: the state the run starts or resumes from (its PRNG key; its iteration s).
     model: the sampler's model of version s.
-    restored: batches s, s+1, ... already sampled before a resume (from a checkpoint).
+    restored: what a checkpoint kept (`in_flight`): batches s, s+1, ... already sampled,
+      the batch after them sampled in part, older versions it still needs.
   """
 
-  def __init__(self, run: Run, state, model, *, restored=()):
+  def __init__(self, run: Run, state, model, *, restored: InFlight | None = None):
+    restored = restored or InFlight([])
     self.run, self.k = run, run.specs.rollout.max_staleness
     self.rng = np.asarray(state.rng)   # a copy: the update step donates the state
     self.start = int(state.iteration)
-    self.models = {self.start: model}
-    self.ready = {self.start + i: s for i, s in enumerate(restored)}
-    self.next = self.start + len(restored)
+    self.models = {**restored.models, self.start: model}
+    self.ready = {self.start + i: s for i, s in enumerate(restored.batches)}
+    self.next = self.start + len(restored.batches)
+    self.partial = restored.partial   # (prompts, PartialRows) of batch `next`, mid-sampling
+    self.waiting_for = None           # the version the thread waits for, if it waits
     self.error = None
     self._lock = threading.Condition()
     self._stop = False
     self._thread = threading.Thread(target=self._loop, name="rljax-sampler", daemon=True)
     self._thread.start()
 
-  def _sample(self, j: int, model) -> Sampled:
+  def _sample(self, j: int) -> Sampled:
     run, spec = self.run, self.run.specs.rollout
     keys = iteration_keys(self.rng, j, run.specs.run.sample_stream)
-    batch, stats = collect(run.rollouts, model, draw_prompts_fn(run, j),
+    draw = draw_prompts_fn(run, j)
+    if spec.partial_rollouts:
+      draw, policy = self._segmented(j, draw)
+    else:
+      policy = self._wait_for(behaviour_version(j, self.k))
+    batch, stats = collect(run.rollouts, policy, draw,
                            lambda round_: jax.random.fold_in(keys["sample"], round_), spec,
                            greedy_key=keys["greedy"])
     feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
     stats["time/rollout_s"] = stats["time/generate_s"] + stats["time/score_s"]
-    batch.versions = np.full(batch.size, behaviour_version(j, self.k), np.int32)
+    if spec.partial_rollouts:
+      per_column = column_versions(spec.max_new_tokens, segment_versions(j, self.k))
+      batch.versions = np.tile(per_column, (batch.size, 1))
+    else:
+      batch.versions = np.full(batch.size, behaviour_version(j, self.k), np.int32)
     return Sampled(batch, stats, behaviour_version(j, self.k))
+
+  def _segmented(self, j: int, draw):
+    """(draw, SegmentedPolicy) of batch j: its segments wait for their versions; after each
+    segment its rows are kept for a checkpoint (`in_flight`); a batch restored in part
+    resumes from its rows and its prompts (drawn before the checkpoint)."""
+    versions, resume = segment_versions(j, self.k), None
+    if self.partial is not None:
+      prompts, resume = self.partial
+      draw = lambda k, round_=0: prompts  # noqa: E731
+    else:
+      self._wait_for(versions[0])   # the prompts are drawn once segment 0 can start
+
+      def draw(k, round_=0, first=draw):
+        prompts = first(k, round_)
+        with self._lock:
+          self.partial = (prompts, None)
+        return prompts
+
+    def keep(rows):
+      with self._lock:
+        self.partial = (self.partial[0], rows)
+    return draw, SegmentedPolicy(lambda s: self._wait_for(versions[s]), self.k + 1,
+                                 resume=resume, on_segment=keep)
+
+  def _wait_for(self, version: int):
+    """The sampler's model of `version`, once it is published."""
+    with self._lock:
+      self.waiting_for = version
+      self._lock.notify_all()
+      while not self._stop and version not in self.models:
+        self._lock.wait()
+      self.waiting_for = None
+      if self._stop:
+        raise _Closed
+      return self.models[version]
 
   def _loop(self):
     try:
       while True:
+        sampled = self._sample(self.next)
         with self._lock:
-          while not self._stop and behaviour_version(self.next, self.k) not in self.models:
-            self._lock.wait()
-          if self._stop:
-            return
-          j, model = self.next, self.models[behaviour_version(self.next, self.k)]
-        sampled = self._sample(j, model)
-        with self._lock:
-          self.ready[j] = sampled
-          self.next = j + 1
+          self.ready[self.next] = sampled
+          self.next, self.partial = self.next + 1, None
           self._lock.notify_all()
+    except _Closed:
+      return
     except Exception as e:  # noqa: BLE001 (re-raised in the trainer's thread by `take`)
       with self._lock:
         self.error = e
@@ -108,17 +185,22 @@ class AsyncRollouts:
     sampled.stats["time/wait_for_sampler_s"] = time.perf_counter() - t0
     return sampled
 
-  def in_flight(self, t: int) -> list:
-    """The batches t, t+1, ... that are sampled ahead of the trainer, once every batch
-    that can be sampled from the published versions is (their number is then fixed: k,
-    the checkpoint's content does not depend on timing)."""
+  def in_flight(self, t: int) -> InFlight:
+    """What the sampler holds for a checkpoint at step t (`InFlight`), once the thread
+    waits for a version not yet published: what is sampled then is fixed by the schedule
+    (k batches; with partial rollouts, one batch's segments up to that version), not by
+    timing."""
     with self._lock:
-      while (self.error is None
-             and behaviour_version(self.next, self.k) in self.models):
+      while self.error is None and (self.waiting_for is None
+                                    or self.waiting_for in self.models):
         self._lock.wait()
       if self.error is not None:
         raise self.error
-      return [self.ready[j] for j in sorted(self.ready) if j >= t]
+      batches = [self.ready[j] for j in sorted(self.ready) if j >= t]
+      if not self.run.specs.rollout.partial_rollouts:
+        return InFlight(batches)
+      partial = self.partial if self.partial and self.partial[1] is not None else None
+      return InFlight(batches, partial, {v: m for v, m in self.models.items() if v < t})
 
   def close(self) -> None:
     with self._lock:

@@ -1,7 +1,9 @@
 """Batches in flight at a checkpoint: the batches an asynchronous run sampled ahead of the
 trainer are written beside the step checkpoint, so a resumed run consumes exactly the
 batches the uninterrupted one would have (they came from policy versions the checkpoint
-no longer holds)."""
+no longer holds). With partial rollouts the batch being sampled is written too (its
+prompts and the rows of the segments done, `rljax.train.rollout.partial`) and the
+sampler's older versions that its later segments and the next batches still need."""
 
 from __future__ import annotations
 
@@ -10,10 +12,13 @@ import pathlib
 
 import jax
 import numpy as np
+from flax import nnx
 
 from rljax import parallel
 from rljax.train.rollout.batch import ROW_FIELDS, SEQUENCE_FIELDS, RolloutBatch
 from rljax.train.rollout.context import row_layout
+from rljax.train.rollout.partial import PartialRows
+from rljax.train.run.async_rollouts import InFlight
 from rljax.train.run.build import Run
 from rljax.train.run.iteration import Sampled
 
@@ -22,11 +27,14 @@ def _path(run_dir, step) -> pathlib.Path:
   return pathlib.Path(run_dir) / "inflight" / f"{step}.npz"
 
 
-def save_inflight(run_dir, step: int, sampled: list) -> None:
-  """Writes the batches sampled ahead of step `step` (a collective: every process calls it;
+_PARTIAL_FIELDS = ("tokens", "mask", "logp", "active")
+
+
+def save_inflight(run_dir, step: int, inflight: InFlight) -> None:
+  """Writes what the sampler holds at step `step` (a collective: every process calls it;
   process 0 writes)."""
   arrays, meta = {}, []
-  for i, s in enumerate(sampled):
+  for i, s in enumerate(inflight.batches):
     b = s.batch
     host = parallel.gather({k: getattr(b, k) for k in SEQUENCE_FIELDS})
     arrays.update({f"{i}/{k}": np.asarray(v) for k, v in host.items()})
@@ -37,6 +45,15 @@ def save_inflight(run_dir, step: int, sampled: list) -> None:
       arrays[f"{i}/greedy_scores"] = np.asarray(b.greedy_scores)
     meta.append({"version": s.version, "prompts": [p.id for p in b.prompts],
                  "stats": {k: float(v) for k, v in s.stats.items()}, "seconds": b.seconds})
+  for version, model in inflight.models.items():
+    leaves = parallel.gather(jax.tree.leaves(nnx.state(model)))
+    arrays.update({f"model{version}/{i}": np.asarray(x) for i, x in enumerate(leaves)})
+  if inflight.partial is not None:
+    prompts, rows = inflight.partial
+    host = parallel.gather({k: getattr(rows, k) for k in _PARTIAL_FIELDS})
+    arrays.update({f"partial/{k}": np.asarray(v) for k, v in host.items()})
+    arrays["partial/meta"] = np.asarray(json.dumps(
+        {"prompts": [p.id for p in prompts], "segment": rows.segment}))
   if not parallel.is_primary():
     return
   path = _path(run_dir, step)
@@ -46,15 +63,23 @@ def save_inflight(run_dir, step: int, sampled: list) -> None:
   tmp.rename(path)
 
 
-def load_inflight(run: Run, run_dir, step: int) -> list:
-  """The batches `save_inflight` wrote at step `step` ([] when there are none), placed as
-  the rollout places its rows."""
+def load_inflight(run: Run, run_dir, step: int, model) -> InFlight:
+  """What `save_inflight` wrote at step `step` (nothing: an empty `InFlight`): batches placed
+  as the rollout places its rows, older versions as `model` (the sampler's model of step
+  `step`) is placed."""
   path = _path(run_dir, step)
   if not path.exists():
-    return []
+    return InFlight([])
   with np.load(path) as data:
     arrays = {k: data[k] for k in data.files}
   prompts_of = {p.id: p for p in run.task.train_prompts()}
+  partial = None
+  if "partial/meta" in arrays:
+    m = json.loads(str(arrays.pop("partial/meta")))
+    rows = PartialRows(*(arrays.pop(f"partial/{k}") for k in _PARTIAL_FIELDS),
+                       segment=m["segment"])
+    partial = ([prompts_of[pid] for pid in m["prompts"]], rows)
+  models = _load_models(arrays, model)
   out = []
   for i, m in enumerate(json.loads(str(arrays.pop("meta")))):
     rows = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
@@ -65,7 +90,20 @@ def load_inflight(run: Run, run_dir, step: int) -> list:
     batch = RolloutBatch.from_rows(rows, [prompts_of[pid] for pid in m["prompts"]])
     batch.greedy_scores, batch.seconds, batch.versions = greedy, m["seconds"], versions
     out.append(Sampled(batch, m["stats"], m["version"]))
-  return out
+  return InFlight(out, partial, models)
+
+
+def _load_models(arrays: dict, like) -> dict:
+  """{version: model} of the `model{version}/{leaf}` arrays (popped), placed as `like`."""
+  graphdef, state = nnx.split(like)
+  leaves, treedef = jax.tree.flatten(state)
+  versions = sorted({int(k.split("/")[0][5:]) for k in arrays if k.startswith("model")})
+  models = {}
+  for v in versions:
+    saved = [arrays.pop(f"model{v}/{i}") for i in range(len(leaves))]
+    placed = [jax.device_put(x, leaf.sharding) for x, leaf in zip(saved, leaves)]
+    models[v] = nnx.merge(graphdef, jax.tree.unflatten(treedef, placed))
+  return models
 
 
 def prune_inflight(run_dir, keep_steps) -> None:

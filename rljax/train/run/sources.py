@@ -42,7 +42,7 @@ class AsyncSource:
   def __init__(self, trainer: Trainer, state, run_dir, step):
     params = trainer.run.params
     model, self.sync = params.sampler_model(state, keep=True)
-    restored = load_inflight(trainer.run, run_dir, step) if step else []
+    restored = load_inflight(trainer.run, run_dir, step, model) if step else None
     self.worker = AsyncRollouts(trainer.run, state, model, restored=restored)
     self.params, self.model = params, None
 

@@ -88,7 +88,7 @@ def pf_ppo_filter(spec, upd, key):
 
 def staleness(upd, lags, max_lag: int) -> dict:
   """`staleness/mean`, `staleness/max` (versions between the sampler and the trainer; `lags`
-  int [B], one per row), and
+  int [B], one per row, or [B, T], one per token with partial rollouts), and
   per lag the share of tokens, the mean |log-prob gap| to the sampler and the mean
   importance weight (`rljax.ops.off_policy.staleness_metrics`)."""
   mask = upd["completion_mask"]
