@@ -57,3 +57,22 @@ def test_run_plot_heldout_series_has_the_points_before_and_after_rl():
   assert series == {"greedy": [(0, 0.1), (10, 0.5), (20, 0.9)],
                     "avg@4": [(0, 0.2), (10, 0.4), (20, 0.8)],
                     "pass@4": [(0, 0.5), (10, 0.7), (20, 0.95)]}
+
+
+def test_mechanism_lines_say_when_the_previous_step_does_not_log_the_metric():
+  """The synchronous run logs no staleness: its level and k1's effect vs it are 'not
+  logged', not nan; lower staleness (partial rollouts) reads as better."""
+  from rljax.analysis.ablation_report import effects_report
+  from rljax.train.ablate.report import mechanism_lines
+  from rljax.train.ablate.runner import LOWER_IS_BETTER
+
+  nan = float("nan")
+  results = {"sync": [{"staleness/mean": nan}] * 3,
+             "k1": [{"staleness/mean": v} for v in (1.0, 0.98, 0.99)],
+             "k1_partial": [{"staleness/mean": v} for v in (0.70, 0.69, 0.71)]}
+  report = effects_report(results, lower_is_better=LOWER_IS_BETTER)
+  report["mechanisms"] = {"k1": "staleness/mean", "k1_partial": "staleness/mean"}
+  rows = [line for line in mechanism_lines(report) if line.startswith("| k1")]
+  assert rows[0] == ("| k1 | `staleness/mean` | not logged | not logged by the previous "
+                     "step | – |")
+  assert "nan" not in rows[1] and rows[1].endswith("| better |"), rows[1]

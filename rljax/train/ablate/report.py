@@ -43,7 +43,7 @@ def _only(report, outcomes):
   return out
 
 
-def _mechanism_lines(report) -> list:
+def mechanism_lines(report) -> list:
   """One line per step: the effect vs the previous step on the metric its trick acts on."""
   lines = []
   for step in report["steps"][1:]:
@@ -51,9 +51,15 @@ def _mechanism_lines(report) -> list:
     effect = step["effects_vs_previous"].get(metric) if metric else None
     if not effect:
       continue
+    level = report["steps"][0]["means"][metric]
+    level = f"{level:.3g}" if math.isfinite(level) else "not logged"
+    if not math.isfinite(effect["mean"]):   # the previous step does not log the metric
+      lines.append(f"| {step['name']} | `{metric}` | {level} | not logged by the previous "
+                   "step | – |")
+      continue
     ci = (f"[{effect['ci_low']:+.3g}, {effect['ci_high']:+.3g}]"
           if math.isfinite(effect["ci_low"]) else "(1 seed)")
-    lines.append(f"| {step['name']} | `{metric}` | {report['steps'][0]['means'][metric]:.3g} "
+    lines.append(f"| {step['name']} | `{metric}` | {level} "
                  f"| {effect['mean']:+.3g} {ci} | {effect['verdict']} |")
   if not lines:
     return []
@@ -135,7 +141,7 @@ def write(out, report, tables, run_dirs, impact) -> pathlib.Path:
           "the held-out prompts for per-prompt outcomes).", "",
           effects_markdown(_only(report, primary)), "![effects](effects.png)", "",
           "![curves](curves.png) (mean ± one sd over seeds)", "",
-          *_mechanism_lines(report), *_trajectory_lines(periodic),
+          *mechanism_lines(report), *_trajectory_lines(periodic),
           "## Every step's metrics (mean ± sd over seeds)", "",
           markdown_table(tables), "", *_start_lines(report),
           "## Compiled programs", "",

@@ -32,7 +32,8 @@ ABLATION_DEFAULTS = {"task.heldout_size": 512, "sampling.eval_n": 8,
                      "sampling.eval_passk_n": 64, "sampling.eval_passk_prompts": 128,
                      "run.eval_every": 0, "run.plots": False, "run.tensorboard": False}
 # Outcomes for which a decrease is the improvement ("better" then means lower).
-LOWER_IS_BETTER = ("train/truncated_frac", "train/truncated_loss_tokens", "distill/reverse_kl")
+LOWER_IS_BETTER = ("train/truncated_frac", "train/truncated_loss_tokens", "distill/reverse_kl",
+                   "staleness/mean")
 
 
 def parse_sets(items) -> dict:
