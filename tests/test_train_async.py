@@ -2,14 +2,12 @@
 its own devices, failures contained in the sampler thread."""
 
 import jax
-import numpy as np
 import pytest
-from train_micro import micro_config, read_records
+from train_micro import micro_config, read_records, spy_versions
 
 from rljax.data import tasks
 from rljax.rewards.base import RewardError
 from rljax.train.loop import train
-from rljax.train.update.prepare import Preparer
 
 SIGNAL = {"task.reward_fns": ["tests/signal_rewards.py:digit_share"], "run.iterations": 4}
 VOLATILE = ("time/", "compile/", "sync/")
@@ -20,25 +18,14 @@ def _comparable(run_dir):
           for r in read_records(run_dir)]
 
 
-def _spy_versions(monkeypatch):
-  """Records, for every update, the iteration and the versions that sampled its batch."""
-  seen, prepare = [], Preparer.prepare
-
-  def spy(preparer, state, batch, *args, iteration=0, **kwargs):
-    seen.append((iteration, np.asarray(batch.versions).copy()))
-    return prepare(preparer, state, batch, *args, iteration=iteration, **kwargs)
-  monkeypatch.setattr(Preparer, "prepare", spy)
-  return seen
-
-
 @pytest.mark.parametrize("k", [1, 2])
 def test_every_batch_is_sampled_by_version_t_minus_k(k, tmp_path, monkeypatch):
-  seen = _spy_versions(monkeypatch)
+  seen = spy_versions(monkeypatch)
   config = micro_config("grpo", tmp_path, **SIGNAL, **{"sampling.max_staleness": k,
                                                        "parallel.num_devices": 1})
   train(config)
-  assert [t for t, _ in seen] == [0, 1, 2, 3]
-  for t, versions in seen:
+  assert [t for t, _, _ in seen] == [0, 1, 2, 3]
+  for t, versions, _ in seen:
     assert (versions == max(0, t - k)).all(), (t, versions)
   records = read_records(tmp_path / "grpo")
   assert [r["staleness/max"] for r in records] == [float(min(t, k)) for t in range(4)]

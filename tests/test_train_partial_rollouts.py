@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from tolerances import assert_close_f32
-from train_micro import micro_config, read_records
+from train_micro import micro_config, read_records, spy_versions
 
 from rljax.models import Decoder, ModelConfig
 from rljax.sampling import SamplingParams, generate_rows, truncated_log_softmax
@@ -22,7 +22,6 @@ from rljax.train.rollout.partial import (
     sample_segments,
     segment_starts,
 )
-from rljax.train.update.prepare import Preparer
 
 CFG = ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8)
@@ -108,19 +107,9 @@ def test_resume_from_saved_segment_equals_uninterrupted():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _spy_versions(monkeypatch):
-  seen, prepare = [], Preparer.prepare
-
-  def spy(preparer, state, batch, *args, iteration=0, **kwargs):
-    seen.append((iteration, np.asarray(batch.versions).copy(), np.asarray(batch.mask)))
-    return prepare(preparer, state, batch, *args, iteration=iteration, **kwargs)
-  monkeypatch.setattr(Preparer, "prepare", spy)
-  return seen
-
-
 @pytest.mark.parametrize("k", [1, 2])
 def test_training_tokens_carry_versions_within_k(k, tmp_path, monkeypatch):
-  seen = _spy_versions(monkeypatch)
+  seen = spy_versions(monkeypatch)
   config = micro_config("grpo", tmp_path, **{
       "task.reward_fns": ["tests/signal_rewards.py:digit_share"], "run.iterations": 4,
       "sampling.max_staleness": k, "sampling.partial_rollouts": True,

@@ -52,3 +52,19 @@ def restored_state(run_dir, config):
     return run.params.restore(ckpt, run.params.init_state(run.params.initial_actor))[1]
   finally:
     ckpt.close()
+
+
+def spy_versions(monkeypatch):
+  """Records, for every update, (iteration, the versions that sampled its batch, its
+  completion mask): [B] versions per row, or [B, T] per token with partial rollouts."""
+  import numpy as np
+
+  from rljax.train.update.prepare import Preparer
+
+  seen, prepare = [], Preparer.prepare
+
+  def spy(preparer, state, batch, *args, iteration=0, **kwargs):
+    seen.append((iteration, np.asarray(batch.versions).copy(), np.asarray(batch.mask)))
+    return prepare(preparer, state, batch, *args, iteration=iteration, **kwargs)
+  monkeypatch.setattr(Preparer, "prepare", spy)
+  return seen
