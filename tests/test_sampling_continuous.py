@@ -10,6 +10,7 @@ from tolerances import assert_close_f32
 
 from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
+from rljax.parallel import make_mesh
 from rljax.sampling import SamplingParams, compile_count, generate
 from rljax.sampling.continuous import generate_continuous
 from rljax.sampling.decode import shared_prefill
@@ -53,6 +54,20 @@ def test_continuous_equals_static_request_by_request(model, sampling, slots, sha
   static = generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(3))
   _same(generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(3),
                             slots=slots, share_prefill=share), static)
+
+
+@pytest.mark.parametrize("shards, slots", [(2, 15), (8, 64)])
+def test_sharded_over_a_mesh_equals_the_unsharded_static_sampler(model, shards, slots):
+  """5 prompts x 3 samples over 2 / 8 batch shards: prompts are padded to whole groups per
+  shard, slots rounded up to a multiple of the shards; every request keeps its tokens."""
+  mesh = make_mesh(data=shards, devices=jax.devices()[:shards])
+  tokens, mask = _prompts()
+  static = generate(model, tokens, mask, sampling=STOPS, rng=jax.random.key(3))
+  out = generate_continuous(model, tokens, mask, sampling=STOPS, rng=jax.random.key(3),
+                            slots=slots, mesh=mesh)
+  assert len(out.tokens.sharding.device_set) == shards
+  assert np.asarray(out.mask).sum(1).min() < STOPS.max_new_tokens   # stops happened
+  _same(out, static)
 
 
 def test_lengths_really_differ_and_slots_are_reused(model):

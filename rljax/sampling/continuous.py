@@ -34,8 +34,10 @@ from rljax.sampling import buckets
 from rljax.sampling.decode import (
   Decoded,
   check_prompts,
+  data_shards,
   decode_segments,
   is_stop,
+  place_rows,
   prefill,
   spec_and_scalars,
   split_for_sampling,
@@ -345,7 +347,7 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
 def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
                         sampling: SamplingParams, rng: jax.Array, slots: int,
                         share_prefill: bool = True, pad_id: int = 0, sampler_dtype=None,
-                        prompt_bucket="pow2", batch_bucket="pow2") -> Rollout:
+                        prompt_bucket="pow2", batch_bucket="pow2", mesh=None) -> Rollout:
   """`rljax.sampling.generate` with continuous batching over `slots` decode slots.
 
   Same arguments, same `Rollout` (B·n rows, prompt-major) and, request by request, the
@@ -357,6 +359,8 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
     slots: S ≥ 1 decode slots (rounded to the request count when larger).
     share_prefill: prefill each distinct prompt once and copy its KV into its n samples'
       slots as they start (n-fold less prefill).
+    mesh: optional `jax.sharding.Mesh`, as in `generate`: each batch shard holds whole
+      prompts (with their n samples) and runs its own slot loop over `slots / shards` slots.
   """
   if not isinstance(sampling, SamplingParams):
     raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -364,16 +368,22 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
     raise ValueError(f"slots={slots} must be >= 1")
   tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
   b, width = tokens_bp.shape
-  rows = buckets.round_up(b, batch_bucket)
+  shards = data_shards(mesh)
+  rows = buckets.round_up(b, batch_bucket, multiple_of=shards)
   w = buckets.round_up(width, prompt_bucket)
   tokens_bw, mask_bw = buckets.pad_prompts(tokens_bp, mask_bp, rows=rows, width=w,
                                            pad_id=pad_id)
   n = sampling.n
-  slots = min(int(slots), b * n)
-  out = continuous_rows(model, np.repeat(tokens_bw, n, 0), np.repeat(mask_bw, n, 0),
+  slots = -(-min(int(slots), b * n) // shards) * shards
+  tokens_rw, mask_rw = np.repeat(tokens_bw, n, 0), np.repeat(mask_bw, n, 0)
+  if mesh is not None:
+    graphdef, state = nnx.split(model)
+    tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
+    model = nnx.merge(graphdef, state)
+  out = continuous_rows(model, tokens_rw, mask_rw,
                         sampling=sampling, rng=rng, slots=slots, num_rows=b * n,
                         share_prefill=share_prefill, pad_id=pad_id,
-                        sampler_dtype=sampler_dtype)
+                        sampler_dtype=sampler_dtype, mesh=mesh)
   if rows != b:
     out = jax.tree.map(lambda x: x[:b * n], out)
   chex.assert_shape(out.tokens, (b * n, sampling.max_new_tokens))
