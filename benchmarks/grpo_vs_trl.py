@@ -12,7 +12,11 @@ Qwen2.5-0.5B's shapes.
 
 A fair comparison, checked. Each side runs in its own worker process (this script with
 `--worker rljax|trl`), pinned to the same CPUs (`--threads N`, default all of them): XLA
-sizes its thread pool from the CPU affinity, torch gets `set_num_threads(N)`. Both
+sizes its thread pool from the CPU affinity, torch gets `set_num_threads(N)`; the rljax
+worker runs one XLA CPU device per CPU (`JAX_NUM_CPU_DEVICES`; `--rljax-devices`;
+`workload.rljax_cpu_devices`: 64 rows on 2 CPUs), the rows of the rollout and of the update
+data-parallel over them (gradients all-reduced), where torch splits every op over its
+threads. Both
 workers report their configuration as measured from their own objects (TRL's
 `GRPOConfig` after its defaults are resolved, the model's parameter dtype, torch's thread
 count; rljax's trainer config, model dtype and CPU set), in one vocabulary (`COMPARED`):
@@ -43,7 +47,7 @@ step) so both see the same moments of the shared machine; `sequential` runs one 
 steps, then the other's (`real_shapes.py` at 0.5B, where two resident trainers would not
 fit in memory).
 
-    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N]
+    python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N] [--rljax-devices N]
         [--omp-wait-policy passive|active|default] [--schedule alternate|sequential]
         [--longtail] [--time-recompute]
 
@@ -81,6 +85,7 @@ from workload import (
   pin_cpus,
   process_threads,
   prompt_ids,
+  rljax_cpu_devices,
   rss_peak_mb,
   save_hf,
   word_tokenizer,
@@ -123,8 +128,9 @@ def rljax_worker(spec: dict) -> None:
   model, cfg = load_hf(spec["model_dir"])
   grpo = RljaxGRPO(model, group=spec["group"], new_tokens=spec["new_tokens"],
                    stop_tokens=spec["stop_tokens"], pack=spec["pack"],
-                   loss_agg=spec["loss_agg"], lr=spec["lr"])
-  emit("CONFIG", {**grpo.config(spec["prompts"], spec["prompt_len"]), "cpus": cpus})
+                   loss_agg=spec["loss_agg"], lr=spec["lr"], devices=spec.get("rljax_devices", 1))
+  emit("CONFIG", {**grpo.config(spec["prompts"], spec["prompt_len"]), "cpus": cpus,
+                  "xla_cpu_devices": grpo.mesh.devices.size})
   ids = prompt_ids(spec["steps"], cfg.vocab_size, prompts=spec["prompts"],
                    prompt_len=spec["prompt_len"])
   flops = None
@@ -285,6 +291,8 @@ class Worker:
     env = dict(os.environ)
     if omp_wait_policy != "default":
       env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
+    if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
+      env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
     self.side = side
@@ -424,6 +432,8 @@ def make_spec(args, model_dir: str, vocab: int) -> dict:
           "new_tokens": LONGTAIL_TOKENS if longtail else NEW_TOKENS,
           "stop_tokens": list(LONGTAIL_STOPS) if longtail else [], "pack": longtail,
           "loss_agg": "seq_mean_token_mean", "lr": LR, "threads": args.threads,
+          "rljax_devices": args.rljax_devices or rljax_cpu_devices(
+              PROMPTS * GROUP, args.threads or len(os.sched_getaffinity(0))),
           "steps": args.warmup + args.reps, "time_recompute": args.time_recompute,
           "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override)}
 
@@ -446,6 +456,9 @@ def main():
   parser.add_argument("--warmup", type=int, default=2, help="untimed steps per framework")
   parser.add_argument("--threads", type=int, default=0,
                       help="CPUs (and threads) per side; 0: all CPUs this process may use")
+  parser.add_argument("--rljax-devices", type=int, default=0,
+                      help="XLA CPU devices of the rljax worker (JAX_NUM_CPU_DEVICES), the rows "
+                      "data-parallel over them; 0: one per CPU when each gets >= 32 rows")
   parser.add_argument("--omp-wait-policy", default="passive",
                       choices=["passive", "active", "default"],
                       help="OMP_WAIT_POLICY of the workers (torch's OpenMP); see the docstring")
@@ -484,6 +497,7 @@ def main():
       "rljax_min_max": rl["min_max"], "peer_min_max": peer["min_max"],
       "rljax_cpu_s": round(rl["cpu_s"], 2), "peer_cpu_s": round(peer["cpu_s"], 2),
       "threads": cfg["threads"], "omp_wait_policy": cfg["omp_wait_policy"],
+      "rljax_cpu_devices": runs["rljax"]["config"]["xla_cpu_devices"],
       "schedule": args.schedule, "reps": args.reps, "trl_version": cfg["trl"],
       "rljax_rss_peak_mb": runs["rljax"]["done"]["rss_peak_mb"],
       "peer_rss_peak_mb": runs["trl"]["done"]["rss_peak_mb"],
@@ -496,7 +510,8 @@ def main():
     res["ratio_with_recompute"] = round(peer["total"] / (rl["total"] + rl["old_logp"]), 3)
   print(f"\nmedians over {args.reps} steps each (load average {load_before[0]:.1f} -> "
         f"{load_after[0]:.1f} on {os.cpu_count()} cores; {cfg['threads']} threads per side, "
-        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}), TRL {cfg['trl']}")
+        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}; rljax on {res['rljax_cpu_devices']} XLA CPU "
+        f"device(s), rows data-parallel), TRL {cfg['trl']}")
   print(f"  rljax  total {rl['total']:6.2f} s = generate {rl['generate']:.2f} + update "
         f"{rl['update']:.2f}  (min-max {rl['min_max']})")
   print(f"  TRL    total {peer['total']:6.2f} s = generate {peer['generate']:.2f} + train "

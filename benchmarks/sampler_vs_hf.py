@@ -23,7 +23,14 @@ parameters) per position for all prompt + generated positions, plus causal atten
 4·H·Dh·ctx per position and layer.
 
     python benchmarks/sampler_vs_hf.py [--reps 15] [--rounds 3] [--batches 64,8]
-                                       [--torch-threads N] [--in-process]
+                                       [--torch-threads N] [--rljax-devices N] [--in-process]
+
+Both sides get the same CPUs. torch splits each op over its threads; the rljax worker runs
+`--rljax-devices` XLA CPU devices (`JAX_NUM_CPU_DEVICES`) with the rows data-parallel over
+them (`generate(..., mesh=...)`), so each core decodes its own rows without a thread
+handoff inside every small matmul; by default one per CPU when each gets >= 32 rows
+(batch 64 on 2 CPUs), else one device whose ops use all the threads (batch 8):
+`workload.rljax_cpu_devices`.
 
 The machine this runs on is shared: the load average is printed and recorded, and the
 figures measured earlier for `transformers` on the idle machine (5,050 / 1,712 tok/s at batch
@@ -48,9 +55,10 @@ import jax
 import numpy as np
 import torch
 import transformers
-from workload import matmul_roofline
+from workload import matmul_roofline, rljax_cpu_devices
 
 from rljax.models import load_hf
+from rljax.parallel import make_mesh, shard_model
 from rljax.sampling import SamplingParams, compile_count, generate
 
 HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -102,11 +110,11 @@ def time_hf(hf, tokens: np.ndarray) -> float:
   return dt
 
 
-def time_rljax(model, tokens: np.ndarray, seed: int) -> float:
+def time_rljax(model, tokens: np.ndarray, seed: int, mesh=None) -> float:
   sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
   t0 = time.perf_counter()
   out = generate(model, tokens, np.ones_like(tokens), sampling=sampling,
-                 rng=jax.random.key(seed))
+                 rng=jax.random.key(seed), mesh=mesh)
   out.tokens.block_until_ready()
   dt = time.perf_counter() - t0
   assert out.tokens.shape == (tokens.shape[0], NEW_TOKENS)
@@ -114,7 +122,8 @@ def time_rljax(model, tokens: np.ndarray, seed: int) -> float:
   return dt
 
 
-def make_sampler(side: str, model_dir: str, batch: int, seed: int, torch_threads: int = 0):
+def make_sampler(side: str, model_dir: str, batch: int, seed: int, torch_threads: int = 0,
+                 devices: int = 1):
   """Load the saved weights into one side; returns call(i) -> seconds for one generate."""
   if side == "hf":
     if torch_threads:
@@ -124,14 +133,18 @@ def make_sampler(side: str, model_dir: str, batch: int, seed: int, torch_threads
     return lambda i: time_hf(hf, tokens)
   model, cfg = load_hf(model_dir)
   tokens = prompts(batch, cfg.vocab_size)
-  return lambda i: time_rljax(model, tokens, seed=seed + i)
+  mesh = None
+  if devices > 1:   # the worker's JAX_NUM_CPU_DEVICES: rows data-parallel over the devices
+    mesh = make_mesh(data=devices, devices=jax.devices()[:devices])
+    shard_model(model, mesh)
+  return lambda i: time_rljax(model, tokens, seed=seed + i, mesh=mesh)
 
 
 def serve(args) -> None:
   """Worker: warm up, print READY, then time one call per `run` line read from stdin."""
   transformers.utils.logging.disable_progress_bar()
   call = make_sampler(args.worker, args.model_dir, int(args.batches), args.seed,
-                      args.torch_threads)
+                      args.torch_threads, args.rljax_devices)
   first = [call(-1 - i) for i in range(WARMUP_CALLS)][0]
   print(f"READY {first}", flush=True)
   for i, line in enumerate(sys.stdin):
@@ -148,9 +161,14 @@ class Worker:
   def __init__(self, side: str, model_dir: str, batch: int, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--model-dir",
            model_dir, "--batches", str(batch), "--seed", str(args.seed),
-           "--torch-threads", str(args.torch_threads)]
+           "--torch-threads", str(args.torch_threads),
+           "--rljax-devices", str(rljax_devices(args, batch))]
     self.side = side
-    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if side == "rljax":
+      env["JAX_NUM_CPU_DEVICES"] = str(rljax_devices(args, batch))
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env=env)
     self.first_s = float(self._expect("READY"))
 
   def _expect(self, tag: str) -> str:
@@ -219,6 +237,7 @@ def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict
       "rljax_roofline_fraction": round(flops / statistics.median(rl_s) / 1e9 / peak_gflops, 4),
       "peer_roofline_fraction": round(flops / statistics.median(hf_s) / 1e9 / peak_gflops, 4),
       "rljax_first_call_s": round(first_s, 2), "rljax_programs_compiled": compiled,
+      "rljax_cpu_devices": 1 if args.in_process else rljax_devices(args, batch),
   }
   if batch in PEER_REFERENCE:
     res["peer_reference"] = PEER_REFERENCE[batch]
@@ -230,6 +249,10 @@ def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict
   return res
 
 
+def rljax_devices(args, batch: int) -> int:
+  return args.rljax_devices or rljax_cpu_devices(batch, len(os.sched_getaffinity(0)))
+
+
 def parse_args():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reps", type=int, default=15, help="timed calls per side and batch")
@@ -237,6 +260,9 @@ def parse_args():
                       help="fresh pairs of worker processes the calls are spread over")
   parser.add_argument("--batches", default="64,8")
   parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+  parser.add_argument("--rljax-devices", type=int, default=0,
+                      help="XLA CPU devices of the rljax worker, rows split over them "
+                      "(0: one per CPU when each gets >= 32 rows, else 1)")
   parser.add_argument("--in-process", action="store_true",
                       help="time both sides in this process (torch's threads then slow JAX)")
   parser.add_argument("--worker", choices=["hf", "rljax"], help=argparse.SUPPRESS)
@@ -254,7 +280,9 @@ def main():
   batches = [int(b) for b in args.batches.split(",")]
   print(f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
         f"({args.torch_threads or torch.get_num_threads()} threads), "
-        f"transformers {transformers.__version__}; "
+        f"transformers {transformers.__version__}; rljax worker: "
+        + ", ".join(f"batch {b} on {rljax_devices(args, b)} XLA CPU device(s)" for b in batches)
+        + "; "
         f"{'one process' if args.in_process else 'a worker process per side and block'}")
   peak = matmul_roofline(reps=7)
   print(f"matmul roofline (1024³ fp32 jnp.dot): {peak:.1f} GFLOP/s")

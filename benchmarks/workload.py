@@ -88,6 +88,18 @@ def prompt_ids(steps: int, vocab: int, seed: int = 0, prompts: int = PROMPTS,
 
 
 # ----------------------------------------------------------------------------- threads
+def rljax_cpu_devices(rows: int, cpus: int, min_rows_per_device: int = 32) -> int:
+  """XLA CPU devices (`JAX_NUM_CPU_DEVICES`) for an rljax worker of `rows` rows on `cpus`
+  CPUs: one per CPU, the rows data-parallel over them, when each gets at least
+  `min_rows_per_device` rows; else one device whose ops use all the threads.
+
+  Measured on 2 CPUs (`sampler_vs_hf.py`, benchmarks/README.md): 64 rows decode ~1.27x
+  faster on 2 devices than on one (each core runs its own small matmuls, no thread handoff
+  inside each); 8 rows ~1.26x slower (each device streams all the weights for 4 rows).
+  """
+  return cpus if cpus > 1 and rows // cpus >= min_rows_per_device else 1
+
+
 def pin_cpus(threads: int) -> list[int]:
   """Restricts this process to its first `threads` allowed CPUs (0: all); returns them.
 
@@ -156,7 +168,7 @@ class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
   def __init__(self, model, *, group=GROUP, new_tokens=NEW_TOKENS, stop_tokens=(), pack=False,
-               loss_agg="seq_mean_token_mean", lr=LR):
+               loss_agg="seq_mean_token_mean", lr=LR, devices=1):
     import jax
     from flax import nnx
 
@@ -174,7 +186,8 @@ class RljaxGRPO:
     self.group, self.new_tokens, self.pack = group, new_tokens, pack
     self.sampling = SamplingParams(max_new_tokens=new_tokens, n=group,
                                    stop_tokens=tuple(stop_tokens))
-    self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+    # rows data-parallel over `devices` XLA devices (JAX_NUM_CPU_DEVICES: one per core)
+    self.mesh = parallel.make_mesh(data=-1, fsdp=1, tensor=1, devices=jax.devices()[:devices])
     parallel.shard_model(model, self.mesh)
     graphdef, params = nnx.split(model)
     self.merge = lambda: nnx.merge(graphdef, self.state.actor)   # the sampler's view
@@ -230,7 +243,8 @@ class RljaxGRPO:
 
     out = generate_continuous(self.merge(), prompts, np.ones_like(prompts),
                               sampling=self.sampling, rng=jax.random.key(seed),
-                              slots=prompts.shape[0] * self.group, share_prefill=True)
+                              slots=prompts.shape[0] * self.group, share_prefill=True,
+                              mesh=self.mesh)
     rows = {"prompt_tokens": np.asarray(out.prompt_tokens),
             "prompt_mask": np.asarray(out.prompt_mask), "tokens": np.asarray(out.tokens),
             "mask": np.asarray(out.mask), "sampler_logp": np.asarray(out.logp, np.float32)}
