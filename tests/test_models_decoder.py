@@ -132,6 +132,34 @@ def test_dense_value_and_gradients_equal_the_matmul(f, d):
   assert_close_f32(dense(x, w), x64 @ w64, ulps=64)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_swiglu_value_and_gradients_equal_float64_finite_differences(dtype):
+  """`layers.swiglu`'s written-out gradient against central differences of silu(g)·u
+  (Shazeer 2020, Eq. 6; silu(x) = x / (1 + e^-x)) in float64, and against autodiff."""
+  from rljax.models.layers import swiglu
+  rng = np.random.default_rng(0)
+  g64, u64, ct64 = (rng.normal(scale=3.0, size=(4, 6)) for _ in range(3))
+  silu_u = lambda g, u: g / (1 + np.exp(-g)) * u  # noqa: E731
+  eps = 1e-6
+  want_dg = (silu_u(g64 + eps, u64) - silu_u(g64 - eps, u64)) / (2 * eps) * ct64
+  want_du = (silu_u(g64, u64 + eps) - silu_u(g64, u64 - eps)) / (2 * eps) * ct64
+  g, u, ct = (jnp.asarray(a, dtype) for a in (g64, u64, ct64))
+  dg, du = jax.grad(lambda g, u: jnp.sum((swiglu(g, u) * ct).astype(jnp.float32)),
+                    argnums=(0, 1))(g, u)
+  assert dg.dtype == du.dtype == jnp.dtype(dtype)
+  if dtype == "float32":
+    np.testing.assert_allclose(swiglu(g, u), silu_u(g64, u64), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dg, want_dg, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(du, want_du, rtol=1e-5, atol=1e-5)
+    auto = jax.grad(lambda g, u: jnp.sum(jax.nn.silu(g) * u * ct), argnums=(0, 1))(g, u)
+    assert_close_f32(dg, auto[0], ulps=16)
+    assert_close_f32(du, auto[1], ulps=16)
+  else:   # bf16 inputs and arithmetic: 8 mantissa bits
+    scale = np.abs(want_dg).max()
+    assert np.abs(np.asarray(dg, np.float64) - want_dg).max() < 0.05 * scale
+    assert np.abs(np.asarray(du, np.float64) - want_du).max() < 0.05 * np.abs(want_du).max()
+
+
 def test_cache_in_the_old_untransposed_key_layout_is_refused_by_name():
   model = Decoder(CFG, rngs=nnx.Rngs(0))
   cache = model.init_cache(2, 8)
