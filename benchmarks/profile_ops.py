@@ -276,12 +276,16 @@ def main():
   parser.add_argument("--reps", type=int, default=2, help="profiled calls of each")
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--top", type=int, default=20)
+  parser.add_argument("--devices", type=int, default=1,
+                      help="XLA CPU devices (JAX_NUM_CPU_DEVICES) the update's rows are split "
+                      "over; op times are summed over the devices")
   args = parser.parse_args()
   shape = dict(SHAPES[args.shape])
   shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
   dump_dir = tempfile.mkdtemp(prefix="rljax_hlo_")
   os.environ["XLA_FLAGS"] = " ".join(filter(None, [
       os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text"]))
+  os.environ["JAX_NUM_CPU_DEVICES"] = str(args.devices)
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -307,7 +311,7 @@ def main():
                  rng=jax.random.key(0)).tokens.block_until_ready()
       title = f"decode, batch {b}: generate {p} + {t} tokens (prefill included)"
     elif what == "update":
-      grpo = RljaxGRPO(model, group=shape["update_rows"], new_tokens=t)
+      grpo = RljaxGRPO(model, group=shape["update_rows"], new_tokens=t, devices=args.devices)
       rng = np.random.default_rng(0)
       n = shape["update_rows"]
       rows = {"prompt_tokens": rng.integers(2, cfg.vocab_size, (n, p)),
