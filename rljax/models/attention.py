@@ -91,7 +91,8 @@ class Attention(nnx.Module):
     return heads(q), heads(k), heads(v)
 
   def attend(self, q_bshe, k_bkdt, v_bkte, mask_bst):
-    """Softmax(q kᵀ / sqrt(Dh) + mask) v, then the output projection -> [B,S,D].
+    """Softmax(q kᵀ / sqrt(Dh) + mask) v over a KV cache (decode steps, prefill), then the
+    output projection -> [B,S,D]. Uncached blocks use `attend_full` (same math).
 
     Args:
       q_bshe: queries [B,S,H,Dh].
