@@ -4,7 +4,9 @@ and after RL, with the per-prompt results an ablation pairs by prompt."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import uuid
 
 import numpy as np
 
@@ -52,11 +54,18 @@ def evaluate_start(run: Run, model, key):
     return json.loads(str(arrays.pop("summary"))), arrays
   summary, per_prompt = evaluate_heldout(run, model, key, full=True)
   if path is not None and parallel.is_primary():
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, summary=np.asarray(json.dumps(summary)), **per_prompt)
-    tmp.rename(path)
+    write_start_cache(path, summary, per_prompt)
   return summary, per_prompt
+
+
+def write_start_cache(path: pathlib.Path, summary: dict, per_prompt: dict) -> None:
+  """Writes the start's evaluation to `path` atomically. Runs that share the cache (an
+  ablation's steps and seeds in parallel processes) may write it at the same moment: each
+  writes its own temporary file, and the last `os.replace` wins (same content)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f"{path.stem}.{uuid.uuid4().hex}.tmp.npz")
+  np.savez(tmp, summary=np.asarray(json.dumps(summary)), **per_prompt)
+  os.replace(tmp, path)
 
 
 def save_per_prompt(run: Run, run_dir, before: dict, after: dict, *, iteration=None) -> None:

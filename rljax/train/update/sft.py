@@ -110,8 +110,12 @@ def warm_start(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fr
         return ckpt.restore(cache, target)
   params, _ = train_sft(graphdef, ctx, params, spec=spec, seed=seed, progress=progress,
                         frozen=frozen)
-  if cache is not None:
+  if cache is not None and not cache.exists():
     cache.parent.mkdir(parents=True, exist_ok=True)
-    with ocp.StandardCheckpointer() as ckpt:
-      ckpt.save(cache, params)
+    try:
+      with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(cache, params)
+    except Exception:
+      if not cache.exists():   # else another run sharing the cache saved it first
+        raise
   return params
