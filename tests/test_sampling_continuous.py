@@ -59,7 +59,7 @@ def test_continuous_equals_static_request_by_request(model, sampling, slots, sha
 @pytest.mark.parametrize("shards, slots", [(2, 15), (8, 64)])
 def test_sharded_over_a_mesh_equals_the_unsharded_static_sampler(model, shards, slots):
   """5 prompts x 3 samples over 2 / 8 batch shards: prompts are padded to whole groups per
-  shard, slots rounded up to a multiple of the shards; every request keeps its tokens."""
+  shard, slots rounded to a multiple of the shards; every request keeps its tokens."""
   mesh = make_mesh(data=shards, devices=jax.devices()[:shards])
   tokens, mask = _prompts()
   static = generate(model, tokens, mask, sampling=STOPS, rng=jax.random.key(3))

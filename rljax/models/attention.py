@@ -110,8 +110,7 @@ class Attention(nnx.Module):
     else:
       scores = jnp.einsum("bskgd,bkdt->bkgst", q, k_bkdt,
                           preferred_element_type=jnp.float32)  # [B,K,G,S,T]
-      scores = jnp.where(mask_bst[:, None, None], scores, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
+      probs = masked_softmax(scores, mask_bst[:, None, None], v_bkte.dtype)
       out = jnp.einsum("bkgst,bktd->bskgd", probs, v_bkte).reshape(b, s, h, dh)
     return self.project_out(out)
 
@@ -134,8 +133,7 @@ class Attention(nnx.Module):
     scores = jnp.einsum("bkqd,btkd->bkqt", q, k_bske,
                         preferred_element_type=jnp.float32)  # [B,K,G·S,T]
     mask = jnp.broadcast_to(mask_bst[:, None, None], (b, 1, g, s, t)).reshape(b, 1, g * s, t)
-    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bske.dtype)
+    probs = masked_softmax(scores, mask, v_bske.dtype)
     out = jnp.einsum("bkqt,btkd->bkqd", probs, v_bske)  # [B,K,G·S,Dh]
     return self.project_out(out.reshape(b, kh, g, s, dh).transpose(0, 3, 1, 2, 4)
                             .reshape(b, s, h, dh))
@@ -163,6 +161,14 @@ def _project_heads(x_bsd, w_dhe):
   return dense(x_bsd, w_dhe.reshape(d, h * dh)).reshape(*x_bsd.shape[:-1], h, dh)
 
 
+def masked_softmax(scores, mask, dtype):
+  """Softmax over the last axis of float32 `scores` where `mask` (broadcast) is True, cast to
+  `dtype`. Masked scores are set to the float32 minimum, not -inf, so a fully masked row
+  gives a finite (uniform) distribution."""
+  scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores, axis=-1).astype(dtype)
+
+
 def _one_query_attention(q_bkgd, k_bkdt, v_bkte, mask_bt):
   """Decode-step attention (one query per row): two batched matmuls, fp32 accumulation.
 
@@ -175,8 +181,7 @@ def _one_query_attention(q_bkgd, k_bkdt, v_bkte, mask_bt):
   """
   f32 = jnp.float32
   scores = jnp.einsum("bkgd,bkdt->bkgt", q_bkgd, k_bkdt, preferred_element_type=f32)
-  scores = jnp.where(mask_bt[:, None, None, :], scores, jnp.finfo(f32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v_bkte.dtype)
+  probs = masked_softmax(scores, mask_bt[:, None, None, :], v_bkte.dtype)
   out = jnp.einsum("bkgt,bktd->bkgd", probs, v_bkte, preferred_element_type=f32)
   return out.astype(v_bkte.dtype)
 

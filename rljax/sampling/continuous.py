@@ -344,6 +344,13 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
                          slots=int(slots), share_prefill=share_prefill, mesh=mesh)
 
 
+def decode_slots(slots: int, rows: int, shards: int) -> int:
+  """Slots of one continuous-batching call: `slots` (0: all rows, resident from the start
+  and drained onto fewer slots as they finish), at most the rows, a multiple of the shards."""
+  want = slots or rows
+  return max(shards, min(rows, want) // shards * shards)
+
+
 def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
                         sampling: SamplingParams, rng: jax.Array, slots: int,
                         share_prefill: bool = True, pad_id: int = 0, sampler_dtype=None,
@@ -374,7 +381,7 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
   tokens_bw, mask_bw = buckets.pad_prompts(tokens_bp, mask_bp, rows=rows, width=w,
                                            pad_id=pad_id)
   n = sampling.n
-  slots = -(-min(int(slots), b * n) // shards) * shards
+  slots = decode_slots(int(slots), b * n, shards)
   tokens_rw, mask_rw = np.repeat(tokens_bw, n, 0), np.repeat(mask_bw, n, 0)
   if mesh is not None:
     graphdef, state = nnx.split(model)

@@ -18,7 +18,7 @@ import numpy as np
 
 from rljax import parallel
 from rljax.sampling import buckets, generate_rows
-from rljax.sampling.continuous import continuous_rows
+from rljax.sampling.continuous import continuous_rows, decode_slots
 from rljax.train.rollout.batch import RolloutBatch
 from rljax.train.rollout.context import (
   RolloutContext,
@@ -29,13 +29,6 @@ from rljax.train.rollout.context import (
   score_texts,
 )
 from rljax.train.rollout.partial import SegmentedPolicy, sample_segments
-
-
-def decode_slots(slots: int, rows: int, shards: int) -> int:
-  """Slots of one continuous-batching call: `slots` (0: all rows, resident from the start
-  and drained onto fewer slots as they finish), at most the rows, a multiple of the shards."""
-  want = slots or rows
-  return max(shards, min(rows, want) // shards * shards)
 
 
 @dataclasses.dataclass(frozen=True)
