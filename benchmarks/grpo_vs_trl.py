@@ -80,16 +80,19 @@ from workload import (
   PROMPT_LEN,
   PROMPTS,
   RljaxGRPO,
-  cpu_seconds,
   matmul_roofline,
   pin_cpus,
   process_threads,
+  process_usage,
   prompt_ids,
   rljax_cpu_devices,
   rss_peak_mb,
   save_hf,
+  usage_since,
   word_tokenizer,
 )
+
+from rljax.host_memory import OPT_IN_ENV
 
 # --longtail: up to 256 new tokens, stopping at any of 10 of the 512 ids; the random model's
 # next-token distribution is near uniform, so lengths are geometric (mean ~45, max ~256)
@@ -104,7 +107,8 @@ COMPARED = ("dtype", "threads", "prompts", "group", "completions", "prompt_len",
             "new_tokens", "stop_tokens", "loss_agg", "eps_low", "eps_high", "kl_coef",
             "advantage", "updates_per_rollout", "micro_batches", "optimizer", "lr",
             "adam_b1", "adam_b2", "adam_eps", "weight_decay", "grad_clip",
-            "activation_checkpointing", "old_logp_forward", "temperature", "top_p", "top_k")
+            "activation_checkpointing", "old_logp_forward", "temperature", "top_p", "top_k",
+            "freed_host_memory")
 # ... and after the run, what each side observed per step
 OBSERVED = ("completion_tokens_per_step", "optimizer_steps")
 
@@ -120,8 +124,18 @@ def wait_command() -> str:
   return sys.stdin.readline().strip() or "done"
 
 
+def host_memory() -> str:
+  """This worker's glibc allocator: freed blocks kept for reuse (`rljax.host_memory`,
+  applied at `import rljax` when the parent set RLJAX_KEEP_FREED_MEMORY=1) or glibc's
+  default (blocks above 32 MB mapped on every allocation and returned on free)."""
+  from rljax.host_memory import keep_freed_host_memory_if_asked
+
+  return "kept" if keep_freed_host_memory_if_asked() else "returned (glibc default)"
+
+
 def rljax_worker(spec: dict) -> None:
   """Loads the saved model into rljax, reports CONFIG, then runs one step per command."""
+  freed = host_memory()
   cpus = pin_cpus(spec["threads"])   # before JAX starts its thread pool
   from rljax.models import load_hf
 
@@ -130,7 +144,7 @@ def rljax_worker(spec: dict) -> None:
                    stop_tokens=spec["stop_tokens"], pack=spec["pack"],
                    loss_agg=spec["loss_agg"], lr=spec["lr"], devices=spec.get("rljax_devices", 1))
   emit("CONFIG", {**grpo.config(spec["prompts"], spec["prompt_len"]), "cpus": cpus,
-                  "xla_cpu_devices": grpo.mesh.devices.size})
+                  "xla_cpu_devices": grpo.mesh.devices.size, "freed_host_memory": freed})
   ids = prompt_ids(spec["steps"], cfg.vocab_size, prompts=spec["prompts"],
                    prompt_len=spec["prompt_len"])
   flops = None
@@ -144,10 +158,10 @@ def rljax_worker(spec: dict) -> None:
     out = {}
     if flops:   # the sustained matmul rate right before this step, outside its timings
       out["roofline_gflops"] = matmul_roofline()
-    cpu0 = cpu_seconds()
+    usage = process_usage()
     out.update(grpo.iteration(ids[steps % len(ids)], 100 + steps,
                               time_recompute=spec["time_recompute"]))
-    out["cpu_s"] = cpu_seconds() - cpu0
+    out.update(usage_since(usage))
     if flops:
       out["update_gflops"] = flops / out["update"] / 1e9
     steps += 1
@@ -208,6 +222,7 @@ def trl_config(trainer, args, prompts: int, prompt_len: int) -> dict:
 
 def trl_worker(spec: dict) -> None:
   """Builds TRL's GRPOTrainer on the saved model, reports CONFIG, one step per command."""
+  freed = host_memory()
   cpus = pin_cpus(spec["threads"])
   import datasets
   import torch
@@ -259,7 +274,7 @@ def trl_worker(spec: dict) -> None:
     def on_step_begin(self, *_, **__):
       if wait_command() != "step":
         raise SystemExit(0)
-      self.t0, self.cpu0 = time.perf_counter(), cpu_seconds()
+      self.t0, self.usage = time.perf_counter(), process_usage()
 
     def on_optimizer_step(self, *_, **__):
       optimizer_steps[0] += 1
@@ -267,7 +282,7 @@ def trl_worker(spec: dict) -> None:
     def on_step_end(self, *_, **__):
       total = time.perf_counter() - self.t0
       emit("STEP", {"generate": gen_times[-1], "train": total - gen_times[-1], "total": total,
-                    "cpu_s": cpu_seconds() - self.cpu0, "tokens": tokens[-1],
+                    **usage_since(self.usage), "tokens": tokens[-1],
                     "optimizer_steps": optimizer_steps[0]})
 
   model = transformers.AutoModelForCausalLM.from_pretrained(spec["model_dir"],
@@ -276,7 +291,7 @@ def trl_worker(spec: dict) -> None:
                   train_dataset=datasets.Dataset.from_list([{"prompt": t} for t in texts]),
                   processing_class=tokenizer, callbacks=[Driven()])
   emit("CONFIG", {**trl_config(trainer, args, spec["prompts"], spec["prompt_len"]),
-                  "cpus": cpus, "trl": trl.__version__})
+                  "cpus": cpus, "trl": trl.__version__, "freed_host_memory": freed})
   trainer.train()
   wait_command()
   emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1)})
@@ -293,6 +308,8 @@ class Worker:
       env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
     if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
       env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
+    # both sides: `import rljax` (first, in either worker) applies the allocator setting
+    env[OPT_IN_ENV] = "1" if spec.get("keep_freed_memory") else "0"
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
     self.side = side
@@ -409,7 +426,7 @@ def observed_per_step(steps: list[dict]) -> dict:
 
 
 def _print_step(side: str, i: int, r: dict) -> None:
-  keys = ("generate", "update", "train", "old_logp", "total", "cpu_s")
+  keys = ("generate", "update", "train", "old_logp", "total", "cpu_s", "sys_s")
   parts = " ".join(f"{k} {r[k]:.2f}s" for k in keys if k in r)
   print(f"  {side:5s} step {i + 1}: {parts}", flush=True)
 
@@ -435,7 +452,8 @@ def make_spec(args, model_dir: str, vocab: int) -> dict:
           "rljax_devices": args.rljax_devices or rljax_cpu_devices(
               PROMPTS * GROUP, args.threads or len(os.sched_getaffinity(0))),
           "steps": args.warmup + args.reps, "time_recompute": args.time_recompute,
-          "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override)}
+          "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override),
+          "keep_freed_memory": args.host_memory == "keep-freed"}
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -470,6 +488,9 @@ def main():
   parser.add_argument("--trl-override", action="append", default=[], metavar="KEY=VALUE",
                       help="a GRPOConfig field for TRL only (JSON value), e.g. bf16=true: "
                            "the configuration check then names the field that differs")
+  parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="keep-freed",
+                      help="both workers' glibc allocator: keep freed blocks for reuse "
+                           "(RLJAX_KEEP_FREED_MEMORY=1) or glibc's default")
   parser.add_argument("--worker", choices=["rljax", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -496,6 +517,9 @@ def main():
       "ratio_train": round(peer["train"] / rl["update"], 3),
       "rljax_min_max": rl["min_max"], "peer_min_max": peer["min_max"],
       "rljax_cpu_s": round(rl["cpu_s"], 2), "peer_cpu_s": round(peer["cpu_s"], 2),
+      "rljax_sys_s": round(rl["sys_s"], 2), "peer_sys_s": round(peer["sys_s"], 2),
+      "rljax_page_faults": int(rl["page_faults"]), "peer_page_faults": int(peer["page_faults"]),
+      "freed_host_memory": cfg["freed_host_memory"],
       "threads": cfg["threads"], "omp_wait_policy": cfg["omp_wait_policy"],
       "rljax_cpu_devices": runs["rljax"]["config"]["xla_cpu_devices"],
       "schedule": args.schedule, "reps": args.reps, "trl_version": cfg["trl"],
@@ -510,12 +534,16 @@ def main():
     res["ratio_with_recompute"] = round(peer["total"] / (rl["total"] + rl["old_logp"]), 3)
   print(f"\nmedians over {args.reps} steps each (load average {load_before[0]:.1f} -> "
         f"{load_after[0]:.1f} on {os.cpu_count()} cores; {cfg['threads']} threads per side, "
-        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}; rljax on {res['rljax_cpu_devices']} XLA CPU "
-        f"device(s), rows data-parallel), TRL {cfg['trl']}")
+        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}; freed host memory "
+        f"{cfg['freed_host_memory']}; rljax on {res['rljax_cpu_devices']} XLA CPU device(s), "
+        f"rows data-parallel), TRL {cfg['trl']}")
   print(f"  rljax  total {rl['total']:6.2f} s = generate {rl['generate']:.2f} + update "
         f"{rl['update']:.2f}  (min-max {rl['min_max']})")
   print(f"  TRL    total {peer['total']:6.2f} s = generate {peer['generate']:.2f} + train "
         f"{peer['train']:.2f}  (min-max {peer['min_max']})")
+  for name, side in (("rljax", rl), ("TRL", peer)):
+    print(f"  {name:5s}  per step: {side['cpu_s']:.2f} CPU-s, of which {side['sys_s']:.2f} in the "
+          f"kernel; {side['page_faults']:,.0f} page faults")
   print(f"  ratio (TRL / rljax): end-to-end {res['ratio']:.2f}x, generate "
         f"{res['ratio_generate']:.2f}x, train {res['ratio_train']:.2f}x")
   print("RESULT " + json.dumps(res))

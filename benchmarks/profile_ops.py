@@ -1,7 +1,8 @@
 """Where rljax's time goes: XLA per-op profile of the decode loop and of the update step.
 
 Runs the static sampler (`rljax.sampling.generate`: prefill + `lax.while_loop` decode) at
-the given batch sizes and the trainer's update step (`workload.RljaxGRPO`: forward,
+the given batch sizes, the GRPO benchmark's rollout (`--what rollout`: the trainer's
+continuous sampler, one prefill per prompt) and the trainer's update step (`workload.RljaxGRPO`: forward,
 backward and AdamW, lm head on the completion positions, one micro-batch) under
 `jax.profiler`, with XLA dumping the optimised HLO of every program. Each executed XLA
 operation (a fusion, a dot, a copy, ...) is mapped back, through the HLO's stack-frame
@@ -277,8 +278,8 @@ def main():
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--top", type=int, default=20)
   parser.add_argument("--devices", type=int, default=1,
-                      help="XLA CPU devices (JAX_NUM_CPU_DEVICES) the update's rows are split "
-                      "over; op times are summed over the devices")
+                      help="XLA CPU devices (JAX_NUM_CPU_DEVICES) the rollout's and the "
+                      "update's rows are split over; op times are summed over the devices")
   args = parser.parse_args()
   shape = dict(SHAPES[args.shape])
   shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
@@ -291,7 +292,7 @@ def main():
   import numpy as np
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from workload import RljaxGRPO, matmul_roofline
+  from workload import GROUP, RljaxGRPO, matmul_roofline
 
   from rljax.sampling import SamplingParams, generate
 
@@ -310,6 +311,15 @@ def main():
         generate(model, tokens, np.ones_like(tokens), sampling=sampling,
                  rng=jax.random.key(0)).tokens.block_until_ready()
       title = f"decode, batch {b}: generate {p} + {t} tokens (prefill included)"
+    elif what == "rollout":
+      grpo = RljaxGRPO(model, new_tokens=t, devices=args.devices)
+      prompts = np.random.default_rng(0).integers(2, cfg.vocab_size,
+                                                  (shape["update_rows"] // GROUP, p))
+
+      def fn(grpo=grpo, prompts=prompts):
+        grpo.rollout(prompts, 0)
+      title = (f"rollout: continuous sampler, {prompts.shape[0]} prompts x {GROUP} samples, "
+               f"{p} + {t} tokens, {args.devices} device(s)")
     elif what == "update":
       grpo = RljaxGRPO(model, group=shape["update_rows"], new_tokens=t, devices=args.devices)
       rng = np.random.default_rng(0)
@@ -326,7 +336,7 @@ def main():
         float(metrics["loss"])
       title = f"update step, {n} x ({p} + {t}) tokens"
     else:
-      raise SystemExit(f"--what: unknown {what!r} (decode<batch> or update)")
+      raise SystemExit(f"--what: unknown {what!r} (decode<batch>, rollout or update)")
     t0 = time.perf_counter()
     fn()
     print(f"{what}: first call (compiles) {time.perf_counter() - t0:.1f} s", flush=True)

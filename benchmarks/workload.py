@@ -133,12 +133,20 @@ def rss_peak_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def cpu_seconds() -> float:
-  """User + system CPU time of this process so far (all its threads)."""
+def process_usage() -> dict:
+  """This process's CPU seconds (user + system), system seconds and minor page faults so
+  far, all threads (floats, so that step summaries take their medians)."""
   import resource
 
   r = resource.getrusage(resource.RUSAGE_SELF)
-  return r.ru_utime + r.ru_stime
+  return {"cpu_s": r.ru_utime + r.ru_stime, "sys_s": r.ru_stime,
+          "page_faults": float(r.ru_minflt)}
+
+
+def usage_since(before: dict) -> dict:
+  """`process_usage()` now minus `before`."""
+  now = process_usage()
+  return {k: now[k] - before[k] for k in now}
 
 
 def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
