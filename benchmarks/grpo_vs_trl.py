@@ -92,7 +92,8 @@ from workload import (
   word_tokenizer,
 )
 
-from rljax.host_memory import OPT_IN_ENV
+from rljax.host_memory import ENV as HOST_MEMORY_ENV
+from rljax.host_memory import HEAP_FLAG
 
 # --longtail: up to 256 new tokens, stopping at any of 10 of the 512 ids; the random model's
 # next-token distribution is near uniform, so lengths are geometric (mean ~45, max ~256)
@@ -125,12 +126,13 @@ def wait_command() -> str:
 
 
 def host_memory() -> str:
-  """This worker's glibc allocator: freed blocks kept for reuse (`rljax.host_memory`,
-  applied at `import rljax` when the parent set RLJAX_KEEP_FREED_MEMORY=1) or glibc's
-  default (blocks above 32 MB mapped on every allocation and returned on free)."""
-  from rljax.host_memory import keep_freed_host_memory_if_asked
+  """This worker's allocator: freed blocks kept for reuse (`rljax.host_memory`, applied at
+  `import rljax` on a CPU-only JAX unless the parent set RLJAX_KEEP_FREED_MEMORY=0) or
+  glibc's default (blocks above a dynamic threshold mapped on every allocation and
+  returned on free)."""
+  from rljax.host_memory import keep_freed_host_memory_if_cpu
 
-  return "kept" if keep_freed_host_memory_if_asked() else "returned (glibc default)"
+  return "kept" if keep_freed_host_memory_if_cpu() else "returned (glibc default)"
 
 
 def rljax_worker(spec: dict) -> None:
@@ -308,8 +310,13 @@ class Worker:
       env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
     if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
       env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
-    # both sides: `import rljax` (first, in either worker) applies the allocator setting
-    env[OPT_IN_ENV] = "1" if spec.get("keep_freed_memory") else "0"
+    # both sides: `import rljax` (first, in either worker) applies the allocator setting;
+    # this script's own `import rljax` already added the XLA flag to the environment
+    keep = spec.get("keep_freed_memory", False)
+    env[HOST_MEMORY_ENV] = "1" if keep else "0"
+    if not keep:
+      env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                  if not f.startswith(HEAP_FLAG))
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
     self.side = side
@@ -490,7 +497,8 @@ def main():
                            "the configuration check then names the field that differs")
   parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="keep-freed",
                       help="both workers' glibc allocator: keep freed blocks for reuse "
-                           "(RLJAX_KEEP_FREED_MEMORY=1) or glibc's default")
+                           "(rljax's default on a CPU-only JAX, `rljax.host_memory`) or "
+                           "glibc's default (RLJAX_KEEP_FREED_MEMORY=0)")
   parser.add_argument("--worker", choices=["rljax", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()

@@ -1,5 +1,5 @@
-"""Host memory on the CPU: keep what XLA frees for its next call instead of faulting it in
-again (opt-in: RLJAX_KEEP_FREED_MEMORY=1, applied when `rljax` is imported)."""
+"""Host memory on a CPU-only JAX: XLA's temporaries in blocks that glibc keeps for the next
+call, instead of pages faulted in anew on every call. Applied when `rljax` is imported."""
 
 from __future__ import annotations
 
@@ -8,34 +8,41 @@ import ctypes.util
 import os
 import sys
 
-# glibc's mallopt parameters (<malloc.h>)
-_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-OPT_IN_ENV = "RLJAX_KEEP_FREED_MEMORY"
+# glibc's mallopt parameters (<malloc.h>) and its ceiling on the mmap threshold (64-bit)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
+HEAP_FLAG = "--xla_multiheap_size_constraint_per_heap"
+ENV = "RLJAX_KEEP_FREED_MEMORY"
 _kept = False
 
 
 def keep_freed_host_memory() -> bool:
-  """Makes glibc's malloc serve large blocks from its heap and keep them after `free`.
+  """Splits XLA's temporaries into blocks of at most 16 MB and has glibc keep freed blocks.
 
   XLA CPU allocates all of a compiled program's temporaries as one block per call (546 MB
   per device for the GRPO benchmark's toy update step). glibc serves any block above its
   mmap threshold (at most 32 MB) with a fresh `mmap` and returns it with `munmap`, so every
-  call faults the whole block in again, 4 KB at a time: 267,000 minor page faults and
-  0.5 CPU-seconds in the kernel per toy update step on 2 devices. With `mmap` off
-  (M_MMAP_MAX = 0), trimming off (M_TRIM_THRESHOLD = -1) and one malloc arena
-  (M_ARENA_MAX = 1; a thread's own arena would still `mmap` such a block), the block comes
-  from the heap and later calls reuse it: that update step ran 1.40 -> 1.26 s.
+  call faulted the whole block in again, 4 KB at a time: 267,000 minor page faults and
+  0.5 CPU-seconds in the kernel per toy update step on 2 devices. Here:
 
-  Opt-in, because it is not free (measured, `benchmarks/README.md`, "Page faults"): all
-  threads share one malloc lock, which made the sampler-heavy main job
-  (`experiments/grpo.py`, one device) 10-20 % slower; freed memory is not returned to the
-  OS and the heap can outgrow the live blocks. It pays off where calls have temporaries of
-  hundreds of MB. Setting RLJAX_KEEP_FREED_MEMORY=1 applies it at `import rljax`, before
-  JAX starts its threads; a direct call must also come before then (a thread that already
-  has its own arena keeps it). Linux with glibc only.
+  - XLA_FLAGS gets `--xla_multiheap_size_constraint_per_heap=16777216`: the temporaries
+    become several blocks of at most 16 MB (a larger single buffer keeps its own block);
+  - glibc's mmap threshold is pinned at its 32 MB ceiling (M_MMAP_THRESHOLD), trimming is
+    off (M_TRIM_THRESHOLD = -1) and 64 MB are kept at the top of every heap (M_TOP_PAD:
+    without it, a thread's heap that empties out between calls is unmapped), so such
+    blocks come from malloc's heaps and stay there for the next call.
+
+  Measured (`benchmarks/README.md`, "Page faults"): the toy update step 1.48 -> 1.18 s on
+  2 devices, page faults 267,000 -> under 1,000 per step; the main job
+  (`experiments/grpo.py`) unchanged. The values computed are the same (buffer placement
+  only). The cost: freed heap memory is not returned to the OS (the padding is address
+  space, not memory, until touched).
+
+  Must run before JAX starts its backend (XLA reads XLA_FLAGS once); `import rljax` calls
+  it (`keep_freed_host_memory_if_cpu`). Linux with glibc only.
 
   Returns:
-    Whether the settings are in force (also on a second call).
+    Whether the allocator settings are in force (also on a second call).
   """
   global _kept
   if _kept or not sys.platform.startswith("linux"):
@@ -44,14 +51,38 @@ def keep_freed_host_memory() -> bool:
     mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
   except (OSError, AttributeError):   # not glibc
     return False
+  flags = os.environ.get("XLA_FLAGS", "")
+  if HEAP_FLAG not in flags:
+    os.environ["XLA_FLAGS"] = f"{flags} {HEAP_FLAG}={_MMAP_THRESHOLD_MAX // 2}".strip()
   mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-  settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+  settings = ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, -1),
+              (_M_TOP_PAD, 2 * _MMAP_THRESHOLD_MAX))
   _kept = all(mallopt(param, value) == 1 for param, value in settings)
   return _kept
 
 
-def keep_freed_host_memory_if_asked() -> bool:
-  """`keep_freed_host_memory()` when RLJAX_KEEP_FREED_MEMORY=1; whether it is in force."""
-  if os.environ.get(OPT_IN_ENV, "0").strip() == "1":
+def keep_freed_host_memory_if_cpu() -> bool:
+  """`keep_freed_host_memory()` when JAX will run on the CPU only, or when
+  RLJAX_KEEP_FREED_MEMORY=1; never with RLJAX_KEEP_FREED_MEMORY=0.
+
+  CPU only: JAX_PLATFORMS names "cpu" first, or is unset and no accelerator plugin
+  (`jax_plugins`, `libtpu`) is installed. On an accelerator XLA's temporaries live in device
+  memory, and the host that loaded a checkpoint should get that memory back.
+  """
+  choice = os.environ.get(ENV, "").strip()
+  if choice == "0":
+    return _kept
+  if choice == "1" or _cpu_only_jax():
     return keep_freed_host_memory()
   return _kept
+
+
+def _cpu_only_jax() -> bool:
+  """JAX will run on the CPU only (see `keep_freed_host_memory_if_cpu`); imports no JAX."""
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip() == "cpu"
+  from importlib import metadata, util
+
+  return not (util.find_spec("jax_plugins") or util.find_spec("libtpu")
+              or list(metadata.entry_points(group="jax_plugins")))
