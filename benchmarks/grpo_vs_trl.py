@@ -126,13 +126,13 @@ def wait_command() -> str:
 
 
 def host_memory() -> str:
-  """This worker's allocator: freed blocks kept for reuse (`rljax.host_memory`, applied at
-  `import rljax` on a CPU-only JAX unless the parent set RLJAX_KEEP_FREED_MEMORY=0) or
-  glibc's default (blocks above a dynamic threshold mapped on every allocation and
-  returned on free)."""
-  from rljax.host_memory import keep_freed_host_memory_if_cpu
+  """This worker's allocator: XLA's temporaries in blocks glibc keeps for reuse
+  (`rljax.host_memory`, applied at `import rljax` when the parent set
+  RLJAX_KEEP_FREED_MEMORY=1) or glibc's default (blocks above a dynamic threshold mapped on
+  every allocation and returned on free)."""
+  from rljax.host_memory import keep_freed_host_memory_if_asked
 
-  return "kept" if keep_freed_host_memory_if_cpu() else "returned (glibc default)"
+  return "kept" if keep_freed_host_memory_if_asked() else "returned (glibc default)"
 
 
 def rljax_worker(spec: dict) -> None:
@@ -496,9 +496,9 @@ def main():
                       help="a GRPOConfig field for TRL only (JSON value), e.g. bf16=true: "
                            "the configuration check then names the field that differs")
   parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="keep-freed",
-                      help="both workers' glibc allocator: keep freed blocks for reuse "
-                           "(rljax's default on a CPU-only JAX, `rljax.host_memory`) or "
-                           "glibc's default (RLJAX_KEEP_FREED_MEMORY=0)")
+                      help="both workers' allocator: freed blocks kept for reuse "
+                           "(RLJAX_KEEP_FREED_MEMORY=1, `rljax.host_memory`) or glibc's "
+                           "default")
   parser.add_argument("--worker", choices=["rljax", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()

@@ -36,6 +36,7 @@ their quotient; for (d) MB, ratio = peer / rljax. Medians over `--reps` calls af
 `--warmup` untimed ones, with min-max; each line carries the load average when printed.
 
     python benchmarks/real_shapes.py [--reps 5] [--parts sampler,grpo] [--peers hf,trl]
+        [--host-memory glibc|keep-freed]
     # reduced (seconds): --layers 2 --width 64 --heads 2 --kv-heads 1 --head-dim 32 \\
     #   --intermediate 128 --vocab 256 --prompt-len 8 --new-tokens 8 --peers hf
 
@@ -211,7 +212,8 @@ def min_max(xs) -> list[float]:
 def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
   """(a) and its part of (d): the rljax samplers and HF generate, calls alternating."""
   spec = {"model_dir": model_dir, "batch": args.batch, "prompt_len": args.prompt_len,
-          "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup}
+          "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
+          "keep_freed_memory": args.host_memory == "keep-freed"}
   sides = ["rljax"] + (["hf"] if "hf" in args.peers else [])
   workers = {}
   try:
@@ -260,7 +262,8 @@ def run_grpo(model_dir: str, args, shape: dict) -> list[dict]:
           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "stop_tokens": [],
           "pack": False, "loss_agg": "seq_mean_token_mean", "lr": 1e-5,
           "threads": args.threads, "steps": args.warmup + args.reps, "time_recompute": False,
-          "roofline": True, "vocab": shape["vocab"], "trl_overrides": {}}
+          "roofline": True, "vocab": shape["vocab"], "trl_overrides": {},
+          "keep_freed_memory": args.host_memory == "keep-freed"}
   sides = ("rljax", "trl") if "trl" in args.peers else ("rljax",)
   runs = run_pair(spec, schedule="sequential", omp_wait_policy=args.omp_wait_policy,
                   sides=sides)
@@ -308,6 +311,9 @@ def main():
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=1, help="untimed calls / steps per side")
   parser.add_argument("--parts", default="sampler,grpo")
+  parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="glibc",
+                      help="every worker's allocator (grpo_vs_trl.py --host-memory); "
+                           "keep-freed costs memory at these shapes")
   parser.add_argument("--peers", default="hf,trl", help="comma list of hf, trl ('' for none)")
   parser.add_argument("--threads", type=int, default=0, help="CPUs per side (0: all)")
   parser.add_argument("--omp-wait-policy", default="passive",
