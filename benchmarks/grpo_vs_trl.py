@@ -42,6 +42,12 @@ advantages -> one jitted `update_step`. TRL is timed with a trainer callback (st
 -> step end, optimizer step included) around a wrapper of `_generate_and_score_completions`
 (generation + reward + advantages); `train = step - generate`.
 
+Host memory: both workers run with `RLJAX_KEEP_FREED_MEMORY=1` (`--host-memory
+keep-freed`, the default; `glibc` for glibc's defaults): XLA's temporaries in blocks of at
+most 16 MB that glibc keeps for the next call instead of mapping and faulting them in
+afresh (`rljax.host_memory`; the `mallopt` part applies to TRL's worker too). Each side
+reports CPU seconds, kernel seconds and page faults per step.
+
 Steps alternate between the two workers (`--schedule alternate`, order flipped every
 step) so both see the same moments of the shared machine; `sequential` runs one side's
 steps, then the other's (`real_shapes.py` at 0.5B, where two resident trainers would not
@@ -49,7 +55,7 @@ fit in memory).
 
     python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N] [--rljax-devices N]
         [--omp-wait-policy passive|active|default] [--schedule alternate|sequential]
-        [--longtail] [--time-recompute]
+        [--longtail] [--time-recompute] [--host-memory keep-freed|glibc]
 
 `--longtail`: completions stop at any of 10 of the 512 ids, up to 256 tokens (near-uniform
 random model: geometric lengths, mean ~45); rljax's update runs on packed rows
@@ -311,7 +317,7 @@ class Worker:
     if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
       env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
     # both sides: `import rljax` (first, in either worker) applies the allocator setting;
-    # this script's own `import rljax` already added the XLA flag to the environment
+    # this script's own `import rljax` adds the XLA flag when the caller's environment asks
     keep = spec.get("keep_freed_memory", False)
     env[HOST_MEMORY_ENV] = "1" if keep else "0"
     if not keep:
