@@ -33,8 +33,9 @@ def keep_freed_host_memory() -> bool:
     without it, a thread's heap that empties out between calls is unmapped), so such
     blocks come from malloc's heaps and stay there for the next call.
 
-  Measured (`benchmarks/README.md`, "Page faults"): the toy update step 1.48 -> 1.18 s on
-  2 devices, page faults 267,000 -> under 1,000 per step; the main job
+  Measured (`benchmarks/README.md`, "Page faults"; `python benchmarks/grpo_vs_trl.py
+  --host-memory glibc|keep-freed`): the toy update step 1.42 -> 1.17-1.20 s on 2 devices,
+  page faults 267,000 -> under 400 per step; the main job
   (`experiments/grpo.py`) unchanged; at Qwen2.5-0.5B's shapes the update 30.8 -> 27.5 s.
   The values computed are the same (buffer placement only). The cost, and why it is
   opt-in: a buffer larger than 16 MB gets a block of its own and no longer shares memory
