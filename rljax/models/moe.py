@@ -133,9 +133,9 @@ class MoEMLP(nnx.Module):
   gating: Shazeer et al. 2017, "Outrageously Large Neural Networks: The Sparsely-Gated
   Mixture-of-Experts Layer", arXiv:1701.06538, Eq. 3-5 (softmax before the top-k here).
 
-  Parameters: `router` [D,E]; `gate`, `up` [E,D,F] and `down` [E,F,D] with logical axes
-  ("expert", "embed", "mlp"); with a shared expert, `shared` (an `MLP`) and `shared_gate`
-  [D,1].
+  Parameters: `router` [D,E] (logical axes ("embed", "router"): every device needs all E
+  scores); `gate`, `up` [E,D,F] and `down` [E,F,D] with logical axes ("expert", "embed",
+  "mlp"); with a shared expert, `shared` (an `MLP`) and `shared_gate` [D,1].
 
   Note: the router logits and the softmax are computed in float32 whatever the compute
   dtype (`transformers` computes the logits in the hidden states' dtype), so a bf16 policy
@@ -149,7 +149,7 @@ class MoEMLP(nnx.Module):
     self.dtype = cfg.compute_dtype
     self.num_experts_per_tok = cfg.num_experts_per_tok
     self.norm_topk_prob = cfg.norm_topk_prob
-    self.router = param(rngs, (d, e), ("embed", None), pd)
+    self.router = param(rngs, (d, e), ("embed", "router"), pd)
     self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pd)
     self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), pd)
     self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), pd)
@@ -157,7 +157,7 @@ class MoEMLP(nnx.Module):
     if self.has_shared_expert:
       self.shared = MLP(cfg.replace(intermediate_size=cfg.shared_expert_intermediate_size),
                         rngs=rngs)
-      self.shared_gate = param(rngs, (d, 1), ("embed", None), pd)
+      self.shared_gate = param(rngs, (d, 1), ("embed", "router"), pd)
 
   def routing(self, x_bsd, replay_ids=None) -> Routing:
     """The router's decision for every token (see `route`); x_bsd [B,S,D]."""
@@ -177,13 +177,16 @@ class MoEMLP(nnx.Module):
     g = dense(x_bsd, self.shared_gate[...].astype(self.dtype))  # [B,S,1]
     return jax.nn.sigmoid(g) * self.shared(x_bsd)
 
-  def __call__(self, x_bsd, replay_ids=None):
+  def __call__(self, x_bsd, replay_ids=None, *, experts=grouped_swiglu):
     """Applies the block.
 
     Args:
       x_bsd: [B,S,D] in the compute dtype.
       replay_ids: optional int [B,S,k], experts to use instead of the router's top-k
         (routing replay; the weights are this router's probabilities at them).
+      experts: how the routed experts are computed, `grouped_swiglu`'s signature; e.g.
+        `functools.partial(rljax.parallel.expert.expert_parallel, grouped_swiglu, mesh=...)`
+        for explicit expert-parallel dispatch.
     Returns:
       (y [B,S,D], `Routing`).
     """
@@ -191,6 +194,6 @@ class MoEMLP(nnx.Module):
     b, s, d = x_bsd.shape
     r = self.routing(x_bsd, replay_ids)
     k = self.num_experts_per_tok
-    y_td = grouped_swiglu(x_bsd.reshape(b * s, d), r.expert_ids.reshape(b * s, k),
-                          r.weights.reshape(b * s, k), *self.expert_weights())
+    y_td = experts(x_bsd.reshape(b * s, d), r.expert_ids.reshape(b * s, k),
+                   r.weights.reshape(b * s, k), *self.expert_weights())
     return y_td.reshape(b, s, d) + self.shared_output(x_bsd), r
