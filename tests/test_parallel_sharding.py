@@ -32,8 +32,8 @@ def test_rules_golden():
   assert logical_to_mesh_spec(("heads", "kv", "embed")) == P("tensor", None, "fsdp")
   assert logical_to_mesh_spec(("batch", None)) == P(("data", "fsdp"), None)
   assert logical_to_mesh_spec(("mlp", "heads")) == P("tensor", None)  # an axis used once
-  with pytest.raises(ValueError, match="'expert'"):
-    logical_to_mesh_spec(("expert",))
+  with pytest.raises(ValueError, match="'experts'"):
+    logical_to_mesh_spec(("experts",))
 
 
 def test_make_mesh_sizes():

@@ -55,6 +55,15 @@ class ModelConfig:
     param_dtype: parameter storage dtype name.
     remat: rematerialise each decoder block in the backward pass (`nnx.remat`).
     bos_token_id, eos_token_id, pad_token_id: carried through to / from config.json.
+    num_experts: routed experts E of a mixture-of-experts MLP (`rljax.models.moe`); 0: every
+      layer is dense. Names as in `transformers`' Qwen3MoeConfig / Qwen2MoeConfig.
+    num_experts_per_tok: experts k each token is routed to (top-k).
+    moe_intermediate_size: SwiGLU width of each routed expert.
+    norm_topk_prob: renormalise the k routing weights to sum to 1 (Qwen3-MoE checkpoints: True).
+    decoder_sparse_step: layer i is a MoE layer when (i + 1) % decoder_sparse_step == 0 ...
+    mlp_only_layers: ... and i is not listed here (those keep the dense MLP).
+    shared_expert_intermediate_size: width of a Qwen2-MoE shared expert (always applied, scaled
+      by a sigmoid gate); 0: none.
   """
 
   vocab_size: int
@@ -79,6 +88,13 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  shared_expert_intermediate_size: int = 0
 
   def __post_init__(self):
     if self.num_kv_heads is None:
@@ -102,6 +118,15 @@ class ModelConfig:
         object.__setattr__(self, name, jnp.dtype(getattr(self, name)).name)
       except TypeError as e:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not a dtype") from e
+    object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+    _check_moe(self)
+
+  def is_moe_layer(self, i: int) -> bool:
+    """Whether decoder layer `i` has a mixture-of-experts MLP (the rule of `transformers`'
+    Qwen3MoeDecoderLayer: experts present, every `decoder_sparse_step`-th layer, not listed
+    in `mlp_only_layers`)."""
+    return (self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
+            and i not in self.mlp_only_layers)
 
   @property
   def compute_dtype(self) -> jnp.dtype:
@@ -114,6 +139,25 @@ class ModelConfig:
   def replace(self, **changes: Any) -> ModelConfig:
     """Returns a copy with `changes` applied (the config itself is never mutated)."""
     return dataclasses.replace(self, **changes)
+
+
+def _check_moe(cfg: ModelConfig) -> None:
+  """Raises ValueError naming the mixture-of-experts field that is out of range."""
+  if cfg.num_experts < 0:
+    raise ValueError(f"ModelConfig.num_experts={cfg.num_experts} must be >= 0 (0: dense)")
+  if cfg.decoder_sparse_step < 1:
+    raise ValueError(f"ModelConfig.decoder_sparse_step={cfg.decoder_sparse_step} must be >= 1")
+  if cfg.shared_expert_intermediate_size < 0:
+    raise ValueError("ModelConfig.shared_expert_intermediate_size="
+                     f"{cfg.shared_expert_intermediate_size} must be >= 0 (0: none)")
+  if cfg.num_experts == 0:
+    return
+  if not 1 <= cfg.num_experts_per_tok <= cfg.num_experts:
+    raise ValueError(f"ModelConfig.num_experts_per_tok={cfg.num_experts_per_tok} must be in "
+                     f"[1, num_experts={cfg.num_experts}]")
+  if cfg.moe_intermediate_size < 1:
+    raise ValueError(f"ModelConfig.moe_intermediate_size={cfg.moe_intermediate_size} must be "
+                     ">= 1 when num_experts > 0")
 
 
 def _rope_scaling_from_dict(d: Mapping[str, Any]) -> RopeScaling:

@@ -1,4 +1,4 @@
-"""Device meshes with the three rljax axes: data, fsdp, tensor."""
+"""Device meshes with the rljax axes: data, fsdp, tensor, and expert for mixture-of-experts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+EXPERT_AXIS = "expert"  # MoE expert parallelism; only in meshes made with expert > 1
 
 
 def select_devices(num_devices: int, devices=None) -> list:
@@ -45,33 +46,51 @@ def select_devices(num_devices: int, devices=None) -> list:
   return [d for p in processes for d in local[p][:per_process]]
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, devices=None) -> Mesh:
-  """A (data, fsdp, tensor) mesh; one size may be -1 ("all remaining devices").
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, expert: int = 1,
+              devices=None) -> Mesh:
+  """A (data, fsdp, tensor) mesh, with an expert axis before tensor when expert > 1; one of
+  data, fsdp, tensor may be -1 ("all remaining devices").
 
   Args:
     data: data-parallel replicas (parameters replicated, batch split).
     fsdp: fully-sharded data parallel (parameters and batch split).
     tensor: tensor parallel (heads / MLP / vocab split).
+    expert: expert parallel (a MoE layer's experts split); 1: no expert axis (parameters
+      with the logical axis "expert" are then replicated over it, `rljax.parallel.sharding`).
     devices: devices to use (default: all of `jax.devices()`).
   Returns:
-    `jax.sharding.Mesh` with axis names `MESH_AXES` (Auto axis types).
+    `jax.sharding.Mesh` with axis names `MESH_AXES`, or (data, fsdp, expert, tensor) (Auto
+    axis types).
   Raises:
-    ValueError: the sizes do not multiply to the number of devices.
+    ValueError: the sizes do not multiply to the number of devices, or expert < 1.
   """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = [data, fsdp, tensor]
+  if expert < 1:
+    raise ValueError(f"make_mesh: expert={expert} must be >= 1 (1: no expert axis)")
+  if len(devices) % expert:
+    raise ValueError(f"make_mesh: {len(devices)} devices not divisible by expert={expert}")
+  sizes = _axis_sizes([data, fsdp, tensor], len(devices) // expert)
+  if expert == 1:
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices)
+  return jax.make_mesh((sizes[0], sizes[1], expert, sizes[2]),
+                       ("data", "fsdp", EXPERT_AXIS, "tensor"),
+                       axis_types=(AxisType.Auto,) * 4, devices=devices)
+
+
+def _axis_sizes(sizes: list[int], num_devices: int) -> list[int]:
+  """[data, fsdp, tensor] with a -1 resolved so that they multiply to `num_devices`."""
   if sizes.count(-1) > 1:
     raise ValueError(f"make_mesh: at most one size may be -1, got {dict(zip(MESH_AXES, sizes))}")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(f"make_mesh: {len(devices)} devices not divisible by {known}")
-    sizes[sizes.index(-1)] = len(devices) // known
-  if math.prod(sizes) != len(devices):
+    if num_devices % known:
+      raise ValueError(f"make_mesh: {num_devices} devices not divisible by {known}")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
     raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
-                     f"{len(devices)} devices ({dict(zip(MESH_AXES, sizes))})")
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+                     f"{num_devices} devices ({dict(zip(MESH_AXES, sizes))})")
+  return sizes
 
 
 def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:

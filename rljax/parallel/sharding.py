@@ -2,7 +2,9 @@
 
 Model code annotates every parameter with logical axis names (Flax NNX `out_sharding`
 metadata, e.g. `("embed", "mlp")`); this module alone maps them to the mesh axes
-`data`, `fsdp` and `tensor` (the MaxText / Flax "logical axis rules" pattern).
+`data`, `fsdp`, `tensor` and `expert` (the MaxText / Flax "logical axis rules" pattern). A
+mesh without one of these axes acts as if it had it with size 1: what the rules put there is
+replicated.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("norm", None),
     ("layers", None),
     ("lora", None),          # the rank axis of LoRA adapters: small, replicated
+    ("expert", "expert"),    # the experts of a MoE layer: expert parallelism
+    ("router", None),        # a MoE router's scores: every device needs all of them
 )
 
 
@@ -57,10 +61,13 @@ def logical_to_mesh_spec(logical_axes: Sequence[str | None],
 
 
 def _fit_to_shape(spec: PartitionSpec, shape, mesh: Mesh) -> PartitionSpec:
-  """Replicates any dimension the assigned mesh axes do not divide (e.g. 1 KV head)."""
+  """Replicates any dimension the assigned mesh axes do not divide (e.g. 1 KV head), and drops
+  mesh axes `mesh` does not have (e.g. "expert" on a data/fsdp/tensor mesh)."""
   out = []
   for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
     axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    axes = tuple(a for a in axes if a in mesh.axis_names)
+    entry = None if not axes else axes[0] if len(axes) == 1 else axes
     size = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
     out.append(entry if size > 1 and dim % size == 0 else None)
   return PartitionSpec(*out)
