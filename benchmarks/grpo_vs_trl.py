@@ -396,9 +396,11 @@ def check_configs(configs: dict[str, dict], fields=COMPARED, what="configuration
 
 
 def run_pair(spec: dict, *, schedule: str = "alternate", omp_wait_policy: str = "passive",
-             sides=("rljax", "trl")) -> dict:
+             sides=("rljax", "trl"), script: str = __file__) -> dict:
   """Both workers on the same `spec`; configurations checked, then `spec["steps"]` steps
   each (alternating or one side after the other). Returns {side: {"config", "steps", "done"}}.
+  `script` runs the workers (`script --worker <side> --spec ...`): this file, or another
+  comparison that reuses this protocol (`vs_tunix.py`).
 
   In the sequential schedule a worker is started only when the previous one has finished,
   except that both are started first to compare configurations (the idle one holds just
@@ -407,7 +409,7 @@ def run_pair(spec: dict, *, schedule: str = "alternate", omp_wait_policy: str = 
   workers = {}
   try:
     for side in sides:
-      workers[side] = Worker(side, spec, omp_wait_policy)
+      workers[side] = Worker(side, spec, omp_wait_policy, script=script)
     configs = {s: w.config for s, w in workers.items()}
     print_configs(configs)
     if len(sides) == 2:

@@ -143,9 +143,12 @@ def rljax_sampler_worker(spec: dict) -> None:
     assert int(out.mask.sum()) == b * t, "a row stopped early"
     return dt
 
-  emit("CONFIG", {**sampler_config(len(os.sched_getaffinity(0)), spec,
-                                   f"{cfg.dtype} compute, {cfg.param_dtype} params"),
-                  "cpus": cpus, "variants": list(variants)})
+  config = {**sampler_config(len(os.sched_getaffinity(0)), spec,
+                            f"{cfg.dtype} compute, {cfg.param_dtype} params"),
+            "cpus": cpus, "variants": list(variants), "xla_cpu_devices": len(jax.devices())}
+  if spec.get("probe"):   # the loaded weights, for a peer to compare (vs_tunix.py)
+    config["logits_probe"] = logits_probe(model, tokens)
+  emit("CONFIG", config)
   first = {name: call(name, 0) for name in variants}   # compiles
   for i in range(spec["warmup"] - 1):
     for name in variants:
@@ -158,6 +161,17 @@ def rljax_sampler_worker(spec: dict) -> None:
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
   emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1), "first_call_s": first,
                 "param_mb": round(param_bytes / 2 ** 20, 1)})
+
+
+def logits_probe(model, tokens: np.ndarray, rows: int = 2, vocab: int = 16) -> list:
+  """Teacher-forced logits of the first `rows` prompts at their last position, the first
+  `vocab` entries: the same numbers from two loaders mean the same weights."""
+  import jax.numpy as jnp
+
+  t = jnp.asarray(tokens[:rows])
+  positions = jnp.broadcast_to(jnp.arange(t.shape[1]), t.shape)
+  logits = model(t, positions=positions, attention_mask=jnp.ones(t.shape, jnp.int32))
+  return np.asarray(logits[:, -1, :vocab], np.float64).tolist()
 
 
 def hf_sampler_worker(spec: dict) -> None:
