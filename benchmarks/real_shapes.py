@@ -110,7 +110,8 @@ def sampler_config(threads: int, spec: dict, dtype: str) -> dict:
 
 
 def rljax_sampler_worker(spec: dict) -> None:
-  """One call of each rljax sampler per "step" command: {"static": s, "continuous": s}."""
+  """One call of each rljax sampler per "step" command: {"static": s, "continuous": s}
+  (`spec["variants"]`: only those)."""
   cpus = pin_cpus(spec["threads"])
   import jax
   from flax import nnx
@@ -134,6 +135,7 @@ def rljax_sampler_worker(spec: dict) -> None:
                                slots=b, share_prefill=True)
 
   variants = {"static": static, "continuous": continuous}
+  variants = {k: v for k, v in variants.items() if k in spec.get("variants", variants)}
 
   def call(name, seed):
     t0 = time.perf_counter()

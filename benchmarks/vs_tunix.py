@@ -29,7 +29,8 @@ naming the field, when they differ (`grpo_vs_trl.check_configs`):
       rollout, no activation checkpointing. Split into generation (with rewards and
       advantages), update, and a log-prob forward of the current policy on the rollout
       (neither side needs one in this configuration; timed outside the iteration).
-  (c) peak memory: each worker's `ru_maxrss` (ratio = Tunix / rljax, >= 1: rljax smaller).
+  (c) peak memory: each worker's `ru_maxrss` (ratio = Tunix / rljax, >= 1: rljax smaller);
+      each sampler (static, continuous, Tunix's) in a worker of its own.
 
 Each part prints `RESULT {"metric", "rljax", "peer", "ratio", ...}`: times are medians
 over `--reps` calls or iterations after `--warmup` (min-max beside them), ratio = Tunix time
@@ -78,6 +79,7 @@ SHAPES = {
     "reduced": (REDUCED_HF_CONFIG, REDUCED["prompt_len"], REDUCED["new_tokens"], (4,),
                 (REDUCED["prompts"], REDUCED["group"])),
 }
+SAMPLERS = ("static", "continuous", "tunix")   # one worker each
 PROBE_ATOL = 1e-4   # |logits| of these random models are < 1: float32 op order differences
 
 
@@ -112,19 +114,20 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
   spec = {"model_dir": model_dir, "batch": batch, "prompt_len": args.prompt_len,
           "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
           "probe": True, "keep_freed_memory": args.host_memory == "keep-freed"}
-  workers = {}
+  workers = {}   # one process per sampler, so that each peak RSS is that sampler's alone
   try:
-    for side in ("rljax", "tunix"):
-      workers[side] = Worker(side + "_sampler", spec, script=__file__)
-    configs = {s: w.config for s, w in workers.items()}
-    print_configs(configs, SAMPLER_COMPARED + ("xla_cpu_devices",))
-    check_configs(configs, SAMPLER_COMPARED + ("xla_cpu_devices",), "sampler configuration")
-    check_probes(configs)
+    for name in SAMPLERS:
+      side = "tunix" if name == "tunix" else "rljax"
+      workers[name] = Worker(side + "_sampler", {**spec, "variants": [name]}, script=__file__)
+    for name in SAMPLERS[:2]:
+      configs = {"rljax": workers[name].config, "tunix": workers["tunix"].config}
+      print_configs(configs, SAMPLER_COMPARED + ("xla_cpu_devices",))
+      check_configs(configs, SAMPLER_COMPARED + ("xla_cpu_devices",), "sampler configuration")
+      check_probes(configs)
     calls: dict[str, list[float]] = {}
     for i in range(args.reps):
-      for side in (("rljax", "tunix") if i % 2 == 0 else ("tunix", "rljax")):
-        for k, v in workers[side].step().items():
-          calls.setdefault(k, []).append(v)
+      for name in (SAMPLERS if i % 2 == 0 else SAMPLERS[::-1]):
+        calls.setdefault(name, []).append(workers[name].step()[name])
       print(f"  batch {batch} call {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s"
                                                           for k, v in calls.items()), flush=True)
     done = {s: w.close() for s, w in workers.items()}
@@ -143,10 +146,11 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
                       rljax_min_max=rl["min_max"], peer_min_max=peer["min_max"],
                       rljax_tokens_per_s=sig(tokens / rl["median"]),
                       peer_tokens_per_s=sig(tokens / peer["median"]), **common))
-  out.append(result(f"sampler_peak_rss_mb_batch{batch}", done["rljax"]["rss_peak_mb"],
-                    done["tunix"]["rss_peak_mb"], batch=batch, shape=args.shape,
-                    matmul_gflops=args.roofline,
-                    note="ru_maxrss of each sampler worker; ratio = Tunix / rljax"))
+  for name in SAMPLERS[:2]:
+    out.append(result(f"sampler_peak_rss_mb_batch{batch}_{name}", done[name]["rss_peak_mb"],
+                      done["tunix"]["rss_peak_mb"], batch=batch, shape=args.shape,
+                      matmul_gflops=args.roofline,
+                      note="ru_maxrss of each sampler's worker; ratio = Tunix / rljax"))
   return out
 
 

@@ -52,8 +52,8 @@ def test_reduced_run():
   res = run_bench("vs_tunix.py", "--reduced")
   res.pop("_stdout")
   assert set(res) == {"sampler_seconds_batch4_static", "sampler_seconds_batch4_continuous",
-                      "sampler_peak_rss_mb_batch4", "grpo_iteration_seconds",
-                      "grpo_peak_rss_mb"}
+                      "sampler_peak_rss_mb_batch4_static", "sampler_peak_rss_mb_batch4_continuous",
+                      "grpo_iteration_seconds", "grpo_peak_rss_mb"}
   for r in res.values():
     assert r["shape"] == "reduced" and r["matmul_gflops"] > 0
     assert r["ratio"] == pytest.approx(r["peer"] / r["rljax"], rel=2e-3), r["metric"]
