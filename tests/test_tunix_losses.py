@@ -1,6 +1,7 @@
-"""rljax.ops against Tunix's own registered losses and advantage estimators (google-tunix
-0.1.7, `tunix/rl/algo_core.py`), on the same batch: loss values and their gradients with
-respect to the log-probs (and the logits, for the entropy term).
+"""rljax.ops against Tunix's own registered policy losses (google-tunix 0.1.7,
+`tunix/rl/algo_core.py`), on the same batch: loss values and their gradients with respect
+to the log-probs (and the logits, for the entropy term). The KL estimators, entropy and
+advantage estimators: tests/test_tunix_estimators.py.
 
 Tunix's policy losses take a model and compute the log-probs themselves
 (`tunix.rl.common.compute_per_token_logps`); here that function is replaced by one that
@@ -9,11 +10,7 @@ arrays rljax sees. Where the two conventions differ, the difference is asserted 
 change on either side fails here) and listed in docs/kernels.md ("Against Tunix"):
 - PPO (`ppo`) does not clamp the log-ratio; Tunix's `grpo` loss and rljax clamp it at ±20;
 - GSPO-token clamps every token's log-ratio at ±20 before the sequence mean and the
-  resulting ratio at e^10 from above (rljax: the mean at ±20, no upper clip);
-- GAE advantages are whitened with the Bessel-corrected variance (rljax `whiten`: biased);
-- `low_var_kl` is unclamped unless `kl_clamp_value` is set (rljax: input ±20, output ±10);
-- the GRPO advantage of a one-sample group is NaN (std with ddof = 1 of one value; Tunix's
-  GRPOConfig rejects `num_generations=1`), where rljax uses mean 0 and std 1.
+  resulting ratio at e^10 from above (rljax: the mean at ±20, no upper clip).
 
 Skipped, with the reason, only where Tunix cannot be imported (CI installs it: .ci/run).
 """
@@ -28,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tunix_peer import GRPOConfig, PPOConfig, TrainExample, needs_tunix, registry, tunix_common
+from tunix_peer import close as _close
 
-from rljax.ops.advantages import gae, group_advantages, rloo_advantages, whiten
 from rljax.ops.aggregate import aggregate
 from rljax.ops.entropy import entropy_from_logits
 from rljax.ops.kl import kl_estimate
 from rljax.ops.policy_loss import policy_loss
-from rljax.ops.stats import masked_mean, masked_var
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -47,18 +44,6 @@ def test_ci_installs_the_pinned_tunix():
   ci = (REPO / ".ci" / "run").read_text()
   assert re.search(r'--no-deps\s+"?' + re.escape(pin), ci), (pin, ci)
 
-
-try:
-  from tunix.rl import algo_core
-  from tunix.rl import common as tunix_common
-  from tunix.rl import function_registry as registry
-  from tunix.rl.grpo.grpo_learner import GRPOConfig, TrainExample
-  from tunix.rl.ppo.ppo_learner import PPOConfig
-  TUNIX = None
-except ImportError as err:   # the reason the cross-check below is skipped
-  TUNIX = (f"Tunix cannot be imported ({err}): pip install -e '.[tunix-losses]' && "
-           "pip install --no-deps google-tunix==0.1.7, as .ci/run does")
-needs_tunix = pytest.mark.skipif(TUNIX is not None, reason=str(TUNIX))
 
 B, T, V = 6, 7, 11
 # rljax aggregation mode (and its max_len) of each Tunix `loss_agg_mode`, as grpo_loss_fn
@@ -109,10 +94,6 @@ def _value_and_grads(fn, d):
   (loss, aux), grads = jax.value_and_grad(fn, argnums=(0, 1), has_aux=True)(d["logp"],
                                                                             d["logits"])
   return loss, aux, grads
-
-
-def _close(a, b, rtol=2e-5, atol=1e-6):
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol)
 
 
 def _grpo_config(*, loss_algo, agg, eps_high=None, dual=None, beta=0.0, kl="kl"):
@@ -251,89 +232,3 @@ def test_gspo_token_differs_beyond_its_clamps():
   (t, tg), (r, rg) = both([0.5, -0.1], -1.0)
   _close(t, r)
   _close(tg, rg)
-
-
-@needs_tunix
-@pytest.mark.parametrize("kind", list(KL))
-def test_kl_estimators(kind):
-  d = _batch(2)
-  t = tunix_common.compute_kl_divergence(d["logp"], d["ref_logp"], kind)
-  _close(t, kl_estimate(d["logp"], d["ref_logp"], KL[kind]))
-  g_t = jax.grad(lambda lp: tunix_common.compute_kl_divergence(lp, d["ref_logp"], kind).sum())
-  g_r = jax.grad(lambda lp: kl_estimate(lp, d["ref_logp"], KL[kind]).sum())
-  _close(g_t(d["logp"]), g_r(d["logp"]))
-
-
-@needs_tunix
-def test_low_var_kl_clamps():
-  """d = logπ − logπ_ref = −15: Tunix's `low_var_kl` is k3 unclamped (e^15 − 16) unless
-  `kl_clamp_value`; rljax's `low_var_kl` clamps the output at 10 (verl), its `k3` does not;
-  with `clamp_value=10` Tunix equals rljax's `low_var_kl`."""
-  logp, ref = jnp.full((1, 1), -16.0), jnp.full((1, 1), -1.0)
-  k3 = np.exp(np.float32(15.0)) - 15.0 - 1.0
-  _close(tunix_common.compute_kl_divergence(logp, ref, "low_var_kl"), k3, rtol=1e-6)
-  _close(kl_estimate(logp, ref, "k3"), k3, rtol=1e-6)
-  _close(kl_estimate(logp, ref, "low_var_kl"), 10.0)
-  _close(tunix_common.compute_kl_divergence(logp, ref, "low_var_kl", clamp_value=10.0), 10.0)
-
-
-@needs_tunix
-def test_entropy_from_logits():
-  logits = _batch(3)["logits"]
-  _close(algo_core.compute_entropy_from_logits(logits), entropy_from_logits(logits))
-  g_t = jax.grad(lambda x: algo_core.compute_entropy_from_logits(x).sum())(logits)
-  _close(g_t, jax.grad(lambda x: entropy_from_logits(x).sum())(logits))
-
-
-GROUPS = np.array([[0.2, 1.0, 0.0, 0.5], [1.0, 1.0, 1.0, 1.0], [0.0, 3.0, -1.0, 2.5]],
-                  np.float32)
-
-
-@needs_tunix
-def test_grpo_drgrpo_rloo_advantages():
-  """Group mean, unbiased std, ε = 1e-6 outside the root (GRPO); mean only (Dr.GRPO);
-  leave-one-out mean (RLOO), rewards flat [B·G] on Tunix's side."""
-  flat = GROUPS.reshape(-1)
-  g = GROUPS.shape[1]
-  est = registry.get_advantage_estimator
-  _close(est("grpo")(flat, g), np.asarray(group_advantages(jnp.asarray(GROUPS))).reshape(-1))
-  _close(est("drgrpo")(jnp.asarray(flat), g),
-         np.asarray(group_advantages(jnp.asarray(GROUPS), scale_by_std=False)).reshape(-1))
-  _close(est("rloo")(jnp.asarray(flat), g),
-         np.asarray(rloo_advantages(jnp.asarray(GROUPS))).reshape(-1))
-  assert not np.any(np.asarray(est("grpo")(flat, g))[4:8])   # equal scores: 0, not NaN
-
-
-@needs_tunix
-def test_one_sample_groups():
-  """G = 1: Tunix's GRPO advantage is NaN (ddof = 1 std of one value) and its RLOO 0;
-  rljax: GRPO r/(1 + ε) (mean 0, std 1), RLOO 0."""
-  scores = np.array([0.5, -1.0, 2.0], np.float32)
-  with np.errstate(invalid="ignore", divide="ignore"), pytest.warns(RuntimeWarning):
-    t = registry.get_advantage_estimator("grpo")(scores, 1)
-  assert np.all(np.isnan(t))
-  _close(group_advantages(jnp.asarray(scores)[:, None])[:, 0], scores / (1 + 1e-6))
-  assert not np.any(np.asarray(registry.get_advantage_estimator("rloo")(jnp.asarray(scores), 1)))
-  assert not np.any(np.asarray(rloo_advantages(jnp.asarray(scores)[:, None])))
-
-
-@needs_tunix
-def test_gae_advantages_whitened_with_bessel():
-  """Tunix's `gae`: rljax `gae` (same recursion, masked positions skipped, no bootstrap
-  after the last token), then whitened with the unbiased (ddof = 1) masked variance; rljax's
-  `whiten` uses the biased one, so the two differ by sqrt((n − 1)/n) over the n tokens."""
-  d = _batch(4)
-  rng = np.random.default_rng(5)
-  rewards = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
-  values = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
-  mask = d["mask"]
-  t_adv, t_ret = registry.get_advantage_estimator("gae")(rewards, values, mask, 0.99, 0.95)
-  r_adv, r_ret = gae(rewards, values, mask, gamma=0.99, lam=0.95)
-  keep = np.asarray(mask) > 0
-  _close(np.asarray(t_ret)[keep], np.asarray(r_ret)[keep])
-  mean, var1 = masked_mean(r_adv, mask), masked_var(r_adv, mask, ddof=1)
-  _close(np.asarray(t_adv)[keep], np.asarray((r_adv - mean) * jax.lax.rsqrt(var1 + 1e-8))[keep],
-         rtol=1e-4, atol=1e-5)
-  n = keep.sum()
-  _close(np.asarray(t_adv)[keep], np.asarray(whiten(r_adv, mask))[keep] * np.sqrt((n - 1) / n),
-         rtol=1e-4, atol=1e-5)
