@@ -52,6 +52,7 @@ capped at 256, batch 8 prompts × 8 samples, 8 devices.
     python benchmarks/async_sim.py                        # k ∈ {0,1,2,4} × every split
     python benchmarks/async_sim.py --phases phases.json   # costs / lengths / times from a file
     python benchmarks/async_sim.py --measured runs/x/metrics.jsonl [--compare runs/y/...]
+    python benchmarks/async_sim.py --reduced   # CI's run: 10 iterations of 2 x 4 samples
 
 `--phases` JSON (its values win over the flags): any cost flag by its dest name
 ("decode_fixed_ms", "update_token_ms", "sync_s", "budget", ...); "lengths": a flat list
@@ -460,7 +461,12 @@ def _args(argv=None):
   ap.add_argument("--compare", help="rljax metrics.jsonl of a measured k = 1 run")
   ap.add_argument("--iteration-key", default="time/iteration_s")
   ap.add_argument("--skip", type=int, default=1, help="first iterations to drop (compiles)")
-  return ap.parse_args(argv)
+  ap.add_argument("--reduced", action="store_true",
+                  help="--iterations 10 --prompts 2 --n 4 (CI's run)")
+  args = ap.parse_args(argv)
+  if args.reduced:
+    args.iterations, args.prompts, args.n = 10, 2, 4
+  return args
 
 
 def main_measured(args):
@@ -537,7 +543,8 @@ def main(argv=None):
   result = {"metric": "async_throughput_gain", "rljax": round(r.samples_per_s, 2),
             "peer": round(sync.samples_per_s, 2),
             "ratio": round(gain, 3),
-            "best": f"{best[0]} k={best[1]}"}
+            "best": f"{best[0]} k={best[1]}", "iterations": args.iterations,
+            "batch": batch, "devices": args.devices, "staleness": ks}
   print("RESULT " + json.dumps(result))
   return result
 

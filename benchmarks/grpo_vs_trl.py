@@ -55,12 +55,16 @@ fit in memory).
 
     python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N] [--rljax-devices N]
         [--omp-wait-policy passive|active|default] [--schedule alternate|sequential]
-        [--longtail] [--time-recompute] [--host-memory keep-freed|glibc]
+        [--longtail] [--time-recompute] [--host-memory keep-freed|glibc] [--peer trl|none]
+    python benchmarks/grpo_vs_trl.py --reduced [--peer none]   # seconds: CI's run
 
 `--longtail`: completions stop at any of 10 of the 512 ids, up to 256 tokens (near-uniform
 random model: geometric lengths, mean ~45); rljax's update runs on packed rows
 (`algo.pack_sequences`), TRL pads to the longest. `--time-recompute` also times rljax's
 separate old-log-prob forward (`algo.old_logp_source="recompute"`), outside the step.
+`--reduced`: `workload.REDUCED_HF_CONFIG` and `workload.REDUCED` shapes (2 prompts x 2
+samples of 8 + 8 tokens), 2 timed steps after 1 (CI runs it; it measures nothing);
+`--peer none` runs the rljax worker alone (no TRL installed), its RESULT `peer` null.
 
 Last line: RESULT {"metric": "grpo_step_seconds", "rljax": ..., "peer": ..., "ratio": ...}
 with ratio = peer / rljax (> 1: rljax is faster), medians over the timed steps.
@@ -80,12 +84,13 @@ import time
 import numpy as np
 from workload import (
   GROUP,
-  HF_CONFIG,
   LR,
   NEW_TOKENS,
   PROMPT_LEN,
   PROMPTS,
+  REDUCED,
   RljaxGRPO,
+  hf_config,
   matmul_roofline,
   pin_cpus,
   process_threads,
@@ -94,6 +99,7 @@ from workload import (
   rljax_cpu_devices,
   rss_peak_mb,
   save_hf,
+  sig,
   usage_since,
   word_tokenizer,
 )
@@ -390,9 +396,11 @@ def check_configs(configs: dict[str, dict], fields=COMPARED, what="configuration
 
 
 def run_pair(spec: dict, *, schedule: str = "alternate", omp_wait_policy: str = "passive",
-             sides=("rljax", "trl")) -> dict:
+             sides=("rljax", "trl"), script: str = __file__) -> dict:
   """Both workers on the same `spec`; configurations checked, then `spec["steps"]` steps
   each (alternating or one side after the other). Returns {side: {"config", "steps", "done"}}.
+  `script` runs the workers (`script --worker <side> --spec ...`): this file, or another
+  comparison that reuses this protocol (`vs_tunix.py`).
 
   In the sequential schedule a worker is started only when the previous one has finished,
   except that both are started first to compare configurations (the idle one holds just
@@ -401,7 +409,7 @@ def run_pair(spec: dict, *, schedule: str = "alternate", omp_wait_policy: str = 
   workers = {}
   try:
     for side in sides:
-      workers[side] = Worker(side, spec, omp_wait_policy)
+      workers[side] = Worker(side, spec, omp_wait_policy, script=script)
     configs = {s: w.config for s, w in workers.items()}
     print_configs(configs)
     if len(sides) == 2:
@@ -451,19 +459,22 @@ def summarise(runs: dict, warmup: int) -> dict:
     steps = run["steps"][warmup:]
     out[side] = {k: statistics.median(s[k] for s in steps)
                  for k in steps[0] if isinstance(steps[0][k], float)}
-    out[side]["min_max"] = [round(min(s["total"] for s in steps), 3),
-                            round(max(s["total"] for s in steps), 3)]
+    out[side]["min_max"] = [sig(min(s["total"] for s in steps)),
+                            sig(max(s["total"] for s in steps))]
   return out
 
 
 def make_spec(args, model_dir: str, vocab: int) -> dict:
   longtail = args.longtail
-  return {"model_dir": model_dir, "prompts": PROMPTS, "group": GROUP, "prompt_len": PROMPT_LEN,
-          "new_tokens": LONGTAIL_TOKENS if longtail else NEW_TOKENS,
+  shape = (REDUCED if args.reduced else
+           dict(prompts=PROMPTS, group=GROUP, prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS))
+  return {"model_dir": model_dir, "prompts": shape["prompts"], "group": shape["group"],
+          "prompt_len": shape["prompt_len"],
+          "new_tokens": LONGTAIL_TOKENS if longtail else shape["new_tokens"],
           "stop_tokens": list(LONGTAIL_STOPS) if longtail else [], "pack": longtail,
           "loss_agg": "seq_mean_token_mean", "lr": LR, "threads": args.threads,
           "rljax_devices": args.rljax_devices or rljax_cpu_devices(
-              PROMPTS * GROUP, args.threads or len(os.sched_getaffinity(0))),
+              shape["prompts"] * shape["group"], args.threads or len(os.sched_getaffinity(0))),
           "steps": args.warmup + args.reps, "time_recompute": args.time_recompute,
           "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override),
           "keep_freed_memory": args.host_memory == "keep-freed"}
@@ -505,62 +516,99 @@ def main():
                       help="both workers' allocator: freed blocks kept for reuse "
                            "(RLJAX_KEEP_FREED_MEMORY=1, `rljax.host_memory`) or glibc's "
                            "default")
+  parser.add_argument("--peer", choices=["trl", "none"], default="trl",
+                      help="none: the rljax worker alone (RESULT peer and ratios null)")
+  parser.add_argument("--reduced", action="store_true",
+                      help="seconds: the reduced model and shapes (`workload.REDUCED`), "
+                      "--reps 2 --warmup 1 (CI's run; measures nothing)")
   parser.add_argument("--worker", choices=["rljax", "trl"], help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
     (rljax_worker if args.worker == "rljax" else trl_worker)(json.loads(args.spec))
     return
+  if args.reduced:
+    args.reps, args.warmup = 2, 1
 
   load_before = os.getloadavg()
   with tempfile.TemporaryDirectory() as model_dir:
-    save_hf(model_dir)
-    spec = make_spec(args, model_dir, HF_CONFIG["vocab_size"])
-    runs = run_pair(spec, schedule=args.schedule, omp_wait_policy=args.omp_wait_policy)
+    save_hf(model_dir, reduced=args.reduced)
+    spec = make_spec(args, model_dir, hf_config(args.reduced)["vocab_size"])
+    sides = ("rljax", "trl") if args.peer == "trl" else ("rljax",)
+    runs = run_pair(spec, schedule=args.schedule, omp_wait_policy=args.omp_wait_policy,
+                    sides=sides)
   load_after = os.getloadavg()
+  res = result_line(args, spec, runs, load_before, load_after)
+  print_summary(args, res, runs, load_before, load_after)
+  print("RESULT " + json.dumps(res))
+
+
+def result_line(args, spec: dict, runs: dict, load_before, load_after) -> dict:
+  """The RESULT dict: medians over the timed steps, ratio = TRL / rljax (null without
+  TRL), the configuration both sides ran."""
   med = summarise(runs, args.warmup)
-  rl, peer = med["rljax"], med["trl"]
-  cfg = runs["trl"]["config"]
+  rl = med["rljax"]
+  peer = med.get("trl")
+  cfg = runs["rljax"]["config"]
+  trl_cfg = runs["trl"]["config"] if peer else {}
+  quotient = lambda a, b: sig(a / b) if peer else None  # noqa: E731
   res = {
       "metric": "grpo_step_seconds_longtail" if args.longtail else "grpo_step_seconds",
-      "rljax": round(rl["total"], 3), "peer": round(peer["total"], 3),
-      "ratio": round(peer["total"] / rl["total"], 3),
-      "rljax_generate": round(rl["generate"], 3), "rljax_update": round(rl["update"], 3),
-      "peer_generate": round(peer["generate"], 3), "peer_train": round(peer["train"], 3),
-      "ratio_generate": round(peer["generate"] / rl["generate"], 3),
-      "ratio_train": round(peer["train"] / rl["update"], 3),
-      "rljax_min_max": rl["min_max"], "peer_min_max": peer["min_max"],
-      "rljax_cpu_s": round(rl["cpu_s"], 2), "peer_cpu_s": round(peer["cpu_s"], 2),
-      "rljax_sys_s": round(rl["sys_s"], 2), "peer_sys_s": round(peer["sys_s"], 2),
-      "rljax_page_faults": int(rl["page_faults"]), "peer_page_faults": int(peer["page_faults"]),
+      "rljax": sig(rl["total"]), "peer": peer and sig(peer["total"]),
+      "ratio": quotient(peer and peer["total"], rl["total"]),
+      "rljax_generate": sig(rl["generate"]), "rljax_update": sig(rl["update"]),
+      "peer_generate": peer and sig(peer["generate"]),
+      "peer_train": peer and sig(peer["train"]),
+      "ratio_generate": quotient(peer and peer["generate"], rl["generate"]),
+      "ratio_train": quotient(peer and peer["train"], rl["update"]),
+      "rljax_min_max": rl["min_max"], "peer_min_max": peer and peer["min_max"],
+      "rljax_cpu_s": round(rl["cpu_s"], 2), "peer_cpu_s": peer and round(peer["cpu_s"], 2),
+      "rljax_sys_s": round(rl["sys_s"], 2), "peer_sys_s": peer and round(peer["sys_s"], 2),
+      "rljax_page_faults": int(rl["page_faults"]),
+      "peer_page_faults": peer and int(peer["page_faults"]),
       "freed_host_memory": cfg["freed_host_memory"],
-      "threads": cfg["threads"], "omp_wait_policy": cfg["omp_wait_policy"],
-      "rljax_cpu_devices": runs["rljax"]["config"]["xla_cpu_devices"],
-      "schedule": args.schedule, "reps": args.reps, "trl_version": cfg["trl"],
+      "threads": cfg["threads"], "omp_wait_policy": trl_cfg.get("omp_wait_policy"),
+      "rljax_cpu_devices": cfg["xla_cpu_devices"],
+      "schedule": args.schedule, "reps": args.reps, "warmup": args.warmup,
+      "trl_version": trl_cfg.get("trl"),
+      "config": {k: cfg[k] for k in ("prompts", "group", "completions", "prompt_len",
+                                      "new_tokens", "loss_agg", "dtype")},
+      "reduced": args.reduced,
+      "completion_tokens_per_step": spec["prompts"] * spec["group"] * spec["new_tokens"],
       "rljax_rss_peak_mb": runs["rljax"]["done"]["rss_peak_mb"],
-      "peer_rss_peak_mb": runs["trl"]["done"]["rss_peak_mb"],
+      "peer_rss_peak_mb": peer and runs["trl"]["done"]["rss_peak_mb"],
       "rljax_xla_update_peak_mb": runs["rljax"]["done"]["xla_update"]["peak_mb"],
       "loadavg_before": [round(x, 2) for x in load_before],
       "loadavg_after": [round(x, 2) for x in load_after],
   }
   if args.time_recompute:
-    res["rljax_old_logp"] = round(rl["old_logp"], 3)
-    res["ratio_with_recompute"] = round(peer["total"] / (rl["total"] + rl["old_logp"]), 3)
+    res["rljax_old_logp"] = sig(rl["old_logp"])
+    res["ratio_with_recompute"] = quotient(peer and peer["total"], rl["total"] + rl["old_logp"])
+  return res
+
+
+def print_summary(args, res: dict, runs: dict, load_before, load_after) -> None:
+  """The human-readable medians above the RESULT line."""
+  med = summarise(runs, args.warmup)
+  rl, peer = med["rljax"], med.get("trl")
   print(f"\nmedians over {args.reps} steps each (load average {load_before[0]:.1f} -> "
-        f"{load_after[0]:.1f} on {os.cpu_count()} cores; {cfg['threads']} threads per side, "
-        f"OMP_WAIT_POLICY {cfg['omp_wait_policy']}; freed host memory "
-        f"{cfg['freed_host_memory']}; rljax on {res['rljax_cpu_devices']} XLA CPU device(s), "
-        f"rows data-parallel), TRL {cfg['trl']}")
+        f"{load_after[0]:.1f} on {os.cpu_count()} cores; {res['threads']} threads per side, "
+        f"OMP_WAIT_POLICY {res['omp_wait_policy']}; freed host memory "
+        f"{res['freed_host_memory']}; rljax on {res['rljax_cpu_devices']} XLA CPU device(s), "
+        f"rows data-parallel), TRL {res['trl_version']}")
   print(f"  rljax  total {rl['total']:6.2f} s = generate {rl['generate']:.2f} + update "
         f"{rl['update']:.2f}  (min-max {rl['min_max']})")
-  print(f"  TRL    total {peer['total']:6.2f} s = generate {peer['generate']:.2f} + train "
-        f"{peer['train']:.2f}  (min-max {peer['min_max']})")
-  for name, side in (("rljax", rl), ("TRL", peer)):
+  sides = [("rljax", rl)]
+  if peer:
+    print(f"  TRL    total {peer['total']:6.2f} s = generate {peer['generate']:.2f} + train "
+          f"{peer['train']:.2f}  (min-max {peer['min_max']})")
+    sides.append(("TRL", peer))
+  for name, side in sides:
     print(f"  {name:5s}  per step: {side['cpu_s']:.2f} CPU-s, of which {side['sys_s']:.2f} in the "
           f"kernel; {side['page_faults']:,.0f} page faults")
-  print(f"  ratio (TRL / rljax): end-to-end {res['ratio']:.2f}x, generate "
-        f"{res['ratio_generate']:.2f}x, train {res['ratio_train']:.2f}x")
-  print("RESULT " + json.dumps(res))
+  if peer:
+    print(f"  ratio (TRL / rljax): end-to-end {res['ratio']:.2f}x, generate "
+          f"{res['ratio_generate']:.2f}x, train {res['ratio_train']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ Peak bytes come from XLA's compiled `memory_analysis()` (arguments + outputs +
 temporaries; nothing is executed, so large shapes are fine on a laptop).
 
   python benchmarks/logprob_memory.py [--batch 4 --seq 1024 --width 896 --chunk 64]
+  python benchmarks/logprob_memory.py --reduced   # seconds: CI's run
+
+`--reduced`: batch 2, 64 positions, width 32, vocab 1,024, chunks of 16, float32.
 
 The last line is `RESULT {"metric": "peak_bytes", "rljax": ..., "peer": ..., "ratio": ...}`
 where "peer" is the naive computation (the `jax.nn.log_softmax` on full logits that
@@ -28,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 from rljax.models.logprobs import logprobs_and_entropy_from_hidden  # noqa: E402
 
 VOCAB = 151_936
+REDUCED_ARGS = dict(batch=2, seq=64, width=32, chunk=16, dtype="float32", vocab=1024)
 
 
 def naive(h, w, y, mask, temperature):
@@ -62,12 +66,16 @@ def main():
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--seq", type=int, default=1024)
   ap.add_argument("--width", type=int, default=896)  # Qwen2.5-0.5B
+  ap.add_argument("--vocab", type=int, default=VOCAB)
   ap.add_argument("--chunk", type=int, default=64)
   ap.add_argument("--dtype", default="bfloat16", help="dtype of h and W")
+  ap.add_argument("--reduced", action="store_true", help="seconds: `REDUCED_ARGS` (CI's run)")
   a = ap.parse_args()
+  if a.reduced:
+    vars(a).update(REDUCED_ARGS)
   dt = jnp.dtype(a.dtype)
   args = (jax.ShapeDtypeStruct((a.batch, a.seq, a.width), dt),
-          jax.ShapeDtypeStruct((a.width, VOCAB), dt),
+          jax.ShapeDtypeStruct((a.width, a.vocab), dt),
           jax.ShapeDtypeStruct((a.batch, a.seq), jnp.int32),
           jax.ShapeDtypeStruct((a.batch, a.seq), jnp.float32),
           jax.ShapeDtypeStruct((), jnp.float32))
@@ -77,13 +85,16 @@ def main():
       "forward+backward": (peak_bytes(with_grad(naive), *args),
                            peak_bytes(with_grad(ch), *args)),
   }
-  print(f"B={a.batch} T={a.seq} D={a.width} V={VOCAB} chunk={a.chunk} dtype={a.dtype}")
+  print(f"B={a.batch} T={a.seq} D={a.width} V={a.vocab} chunk={a.chunk} dtype={a.dtype}")
   print(f"{'':18s} {'naive MB':>10s} {'chunked MB':>11s} {'ratio':>6s}")
   for name, (n, c) in rows.items():
     print(f"{name:18s} {n / 2**20:10.1f} {c / 2**20:11.1f} {n / c:6.2f}")
   n, c = rows["forward+backward"]
   print("RESULT " + json.dumps({"metric": "peak_bytes", "rljax": c, "peer": n,
-                                "ratio": round(n / c, 2)}))
+                                "ratio": round(n / c, 4), "forward": rows["forward"],
+                                "batch": a.batch, "seq": a.seq, "width": a.width,
+                                "vocab": a.vocab, "chunk": a.chunk, "dtype": a.dtype,
+                                "reduced": a.reduced}))
 
 
 if __name__ == "__main__":

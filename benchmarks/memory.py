@@ -10,6 +10,8 @@ model during everything); "device peak" is the larger of the update and forward 
 
   python benchmarks/memory.py [--vocab 32000 --batch 8 --seq 1024 --micro 4]
   python benchmarks/memory.py --scheduler concurrency   # XLA CPU's default scheduler
+  python benchmarks/memory.py --reduced   # seconds: CI's run (`REDUCED_ARGS`, rows 0 and 3;
+  #   vocab 128: the task tokenizer of experiments/grpo.py has 90 ids)
 
 `--rss` adds a cross-check: the base row at a smaller size (`--rss-seq`) is run once in a
 subprocess and the growth of its resident set during the step (polled /proc/self/statm,
@@ -33,6 +35,8 @@ import tempfile
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCHEDULERS = {"memory": "false", "concurrency": "true"}
+REDUCED_ARGS = dict(vocab=128, width=32, mlp=64, layers=2, heads=2, kv_heads=1, head_dim=16,
+                    batch=4, seq=32, prompt=8, micro=2, rows="0,3")
 
 
 def _set_scheduler(name):
@@ -278,8 +282,12 @@ def main():
   ap.add_argument("--time", type=int, default=0, metavar="N",
                   help="also run each row's update step N times (after a warm-up): median s")
   ap.add_argument("--rss-seq", type=int, default=512)
+  ap.add_argument("--reduced", action="store_true",
+                  help="seconds: `REDUCED_ARGS`, the baseline and remat + micro-batch rows")
   ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
   a = ap.parse_args()
+  if a.reduced:
+    vars(a).update(REDUCED_ARGS)
   _set_scheduler(a.scheduler)
   sys.path.insert(0, ROOT)
   if a.rss_child:
@@ -308,8 +316,12 @@ def main():
   base = results[0]["update"]["peak"]
   best = next((r for r in results if r["name"].startswith("+ remat + ")), results[-1])
   print("RESULT " + json.dumps({"metric": "update_peak_bytes", "rljax": best["update"]["peak"],
-                                "peer": base, "ratio": round(base / best["update"]["peak"], 2),
-                                **extra}))
+                                "peer": base, "ratio": round(base / best["update"]["peak"], 4),
+                                "rljax_row": best["name"], "peer_row": results[0]["name"],
+                                "rows": [{"name": r["name"], "update": r["update"],
+                                          "device_peak": r["device_peak"]} for r in results],
+                                "shape": {k: getattr(a, k) for k in REDUCED_ARGS if k != "rows"},
+                                "reduced": a.reduced, **extra}))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ of the `MoEMLP` block, and the collectives in each compiled program. CPU "device
 the host's cores, so step times compare the programs' overheads, not a real interconnect.
 
     python benchmarks/moe_dispatch.py [--experts 8] [--expert-axis 4] [--tokens 2048]
-        [--width 256] [--ffn 512] [--top-k 2] [--reps 5]
+        [--width 256] [--ffn 512] [--top-k 2] [--reps 5] [--reduced]
 
-Last line: RESULT {"metric": "moe_dispatch_step_s", "unsharded": ..., "jit": ...,
-"all_gather": ..., "all_to_all": ...}.
+Last line: RESULT {"metric": "moe_dispatch_step_s", "rljax": the all-to-all step (s),
+"peer": the unsharded step (s), "ratio": peer / rljax, "steps_s": {style: s}, ...}.
+`--reduced` (CI): 64 tokens, width 16, 4 experts over 4 devices, one timed call.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ def _args():
   p.add_argument("--width", type=int, default=256)
   p.add_argument("--ffn", type=int, default=512)
   p.add_argument("--reps", type=int, default=5)
-  return p.parse_args()
+  p.add_argument("--reduced", action="store_true",
+                 help="a seconds-long run of the same code (CI): 64 tokens, width 16, ffn 32")
+  args = p.parse_args()
+  if args.reduced:
+    args.tokens, args.width, args.ffn, args.experts, args.reps = 64, 16, 32, 4, 1
+  return args
 
 
 def _collectives(compiled) -> dict[str, int]:
@@ -59,7 +65,9 @@ def _measure(step, state, x, reps):
 
 def main():
   args = _args()
-  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+  flag = "--xla_force_host_platform_device_count"
+  if flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={args.devices}".strip()
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -77,7 +85,7 @@ def main():
   mesh = make_mesh(data=-1, expert=args.expert_axis, devices=jax.devices()[:args.devices])
   x = jax.random.normal(jax.random.key(0), (args.devices, args.tokens // args.devices,
                                             args.width))
-  results = {}
+  results, collectives = {}, {}
   for name in ("unsharded", "jit", "all_gather", "all_to_all"):
     block = MoEMLP(cfg, rngs=nnx.Rngs(0))
     xs = x
@@ -95,9 +103,15 @@ def main():
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     compile_s, step_s, coll = _measure(step, state, xs, args.reps)
-    results[name] = step_s
+    results[name], collectives[name] = step_s, coll
     print(f"{name:>10}: compile {compile_s:6.2f} s  step {step_s * 1e3:8.1f} ms  {coll}")
-  print("RESULT " + json.dumps({"metric": "moe_dispatch_step_s", **results}))
+  config = {"devices": args.devices, "expert_axis": args.expert_axis, "experts": args.experts,
+            "top_k": args.top_k, "tokens": args.tokens, "width": args.width, "ffn": args.ffn,
+            "reps": args.reps, "reduced": args.reduced}
+  print("RESULT " + json.dumps({
+      "metric": "moe_dispatch_step_s", "rljax": results["all_to_all"],
+      "peer": results["unsharded"], "ratio": results["unsharded"] / results["all_to_all"],
+      "steps_s": results, "collectives": collectives, **config}))
 
 
 if __name__ == "__main__":

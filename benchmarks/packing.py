@@ -12,6 +12,10 @@ The packed step's losses equal the padded one's (checked here on the first call,
 tests/test_train_packing.py for every aggregation mode).
 
     python benchmarks/packing.py [--reps 5]
+    python benchmarks/packing.py --reduced   # seconds: CI's run (measures nothing)
+
+`--reduced`: `REDUCED_SHAPE` (8 rows of 8 + up to 32 tokens; vocab 128, width 32, 2 layers),
+--reps 1.
 
 Last line: RESULT {"metric": "update_tokens_per_s", "rljax": <packed>, "peer": <padded>,
 "ratio": ..., "peak_mb_packed": ..., "peak_mb_padded": ...}.
@@ -28,20 +32,26 @@ import tempfile
 import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-ROWS, PROMPT, COMPLETION = 64, 32, 256
+SHAPE = dict(rows=64, prompt=32, completion=256, vocab=512, width=256, mlp=768, layers=4,
+             heads=4, kv_heads=2, head_dim=64, prompts=8, n=8)
+# vocab 128: the task tokenizer of experiments/grpo.py has 90 ids
+REDUCED_SHAPE = dict(rows=8, prompt=8, completion=32, vocab=128, width=32, mlp=64, layers=2,
+                     heads=2, kv_heads=1, head_dim=16, prompts=2, n=4)
 
 
-def _setup(pack: bool):
+def _setup(pack: bool, shape: dict):
   """(the run, a fresh placed state, the compiled iteration pieces) of the packed or padded
   configuration; the trainer internals a benchmark needs, imported here only."""
   from rljax.train.config import load_config
   from rljax.train.run.build import build
   from rljax.train.run.trainer import make_trainer
-  over = {"model.vocab_size": 512, "model.hidden_size": 256, "model.intermediate_size": 768,
-          "model.num_layers": 4, "model.num_heads": 4, "model.num_kv_heads": 2,
-          "model.head_dim": 64, "model.max_position_embeddings": 1024,
-          "sampling.max_new_tokens": COMPLETION, "sampling.prompts_per_iteration": 8,
-          "sampling.n": 8, "algo.minibatches": 1, "algo.epochs": 1, "parallel.num_devices": 1,
+  over = {"model.vocab_size": shape["vocab"], "model.hidden_size": shape["width"],
+          "model.intermediate_size": shape["mlp"], "model.num_layers": shape["layers"],
+          "model.num_heads": shape["heads"], "model.num_kv_heads": shape["kv_heads"],
+          "model.head_dim": shape["head_dim"], "model.max_position_embeddings": 1024,
+          "sampling.max_new_tokens": shape["completion"],
+          "sampling.prompts_per_iteration": shape["prompts"], "sampling.n": shape["n"],
+          "algo.minibatches": 1, "algo.epochs": 1, "parallel.num_devices": 1,
           "sft.steps": 0, "algo.pack_sequences": pack,
           "run.dir": tempfile.mkdtemp(prefix="rljax-pack-")}
   config = load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
@@ -50,15 +60,18 @@ def _setup(pack: bool):
   return run, state, make_trainer(run, state)
 
 
-def _batch(rng):
+def _batch(rng, shape):
   import numpy as np
-  p_len = rng.integers(16, PROMPT + 1, ROWS)
+  ROWS, PROMPT, COMPLETION = shape["rows"], shape["prompt"], shape["completion"]  # noqa: N806
+  p_len = rng.integers(PROMPT // 2, PROMPT + 1, ROWS)
   c_len = np.minimum(rng.geometric(1 / (0.3 * COMPLETION), ROWS), COMPLETION)
   pm = (np.arange(PROMPT)[None] >= PROMPT - p_len[:, None]).astype(np.int32)
   cm = (np.arange(COMPLETION)[None] < c_len[:, None]).astype(np.int32)
   f32 = lambda x: x.astype(np.float32)  # noqa: E731
-  batch = {"prompt_tokens": (rng.integers(3, 512, (ROWS, PROMPT)) * pm).astype(np.int32),
-           "prompt_mask": pm, "tokens": rng.integers(3, 512, (ROWS, COMPLETION)).astype(np.int32),
+  vocab = shape["vocab"]
+  batch = {"prompt_tokens": (rng.integers(3, vocab, (ROWS, PROMPT)) * pm).astype(np.int32),
+           "prompt_mask": pm,
+           "tokens": rng.integers(3, vocab, (ROWS, COMPLETION)).astype(np.int32),
            "mask": cm, "old_logp": f32(np.log(rng.uniform(0.001, 0.01, cm.shape)) * cm),
            "ref_logp": f32(np.zeros(cm.shape)),
            "advantages": f32(rng.normal(size=ROWS)[:, None] * cm),
@@ -71,19 +84,26 @@ def _batch(rng):
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--reduced", action="store_true",
+                  help="seconds: `REDUCED_SHAPE`, --reps 1 (CI's run; measures nothing)")
   args = ap.parse_args()
+  if args.reduced:
+    args.reps = 1
+  shape = REDUCED_SHAPE if args.reduced else SHAPE
+  ROWS, PROMPT, COMPLETION = shape["rows"], shape["prompt"], shape["completion"]  # noqa: N806
   sys.path.insert(0, ROOT)
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from workload import sig
 
   load_before = os.getloadavg()[0]
   rng = np.random.default_rng(0)
-  batch, p_len, c_len = _batch(rng)
+  batch, p_len, c_len = _batch(rng, shape)
   real = int((p_len + c_len).sum())
   sides = {}
   for name, pack in (("packed", True), ("padded", False)):
-    _, state, trainer = _setup(pack)
+    _, state, trainer = _setup(pack, shape)
     mb = {k: jnp.asarray(v) for k, v in batch.items()}
     if pack:
       mb.update(trainer.fns.pack({"prompt_lengths": p_len, "lengths": c_len}, COMPLETION,
@@ -114,15 +134,16 @@ def main():
   med = {k: statistics.median(v["times"]) for k, v in sides.items()}
   rate = {k: real / med[k] for k in sides}
   mb = 2 ** 20
-  result = {"metric": "update_tokens_per_s", "rljax": round(rate["packed"]),
-            "peer": round(rate["padded"]), "ratio": round(rate["packed"] / rate["padded"], 2),
-            "packed_s_median": round(med["packed"], 3), "padded_s_median": round(med["padded"], 3),
-            "packed_min_max": [round(min(sides["packed"]["times"]), 3),
-                               round(max(sides["packed"]["times"]), 3)],
-            "padded_min_max": [round(min(sides["padded"]["times"]), 3),
-                               round(max(sides["padded"]["times"]), 3)],
-            "peak_mb_packed": round(sides["packed"]["peak"] / mb),
-            "peak_mb_padded": round(sides["padded"]["peak"] / mb),
+  result = {"metric": "update_tokens_per_s", "rljax": sig(rate["packed"]),
+            "peer": sig(rate["padded"]), "ratio": sig(rate["packed"] / rate["padded"]),
+            "packed_s_median": sig(med["packed"]), "padded_s_median": sig(med["padded"]),
+            "packed_min_max": [sig(min(sides["packed"]["times"])),
+                               sig(max(sides["packed"]["times"]))],
+            "padded_min_max": [sig(min(sides["padded"]["times"])),
+                               sig(max(sides["padded"]["times"]))],
+            "peak_mb_packed": sig(sides["packed"]["peak"] / mb),
+            "peak_mb_padded": sig(sides["padded"]["peak"] / mb),
+            "shape": shape, "reps": args.reps, "reduced": args.reduced,
             "rows_packed": sides["packed"]["rows"], "rows_padded": ROWS,
             "real_tokens": real, "padded_tokens": ROWS * (PROMPT + COMPLETION),
             "mean_over_max_length": round(real / ROWS / (PROMPT + COMPLETION), 3),

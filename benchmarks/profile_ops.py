@@ -20,10 +20,14 @@ own initialisation); values do not change the operations' cost.
     python benchmarks/profile_ops.py --shape toy --what decode8,decode64,update
     python benchmarks/profile_ops.py --shape qwen25_05b --what decode8,update --reps 1
     python benchmarks/profile_ops.py --shape toy --what update --dtype bfloat16
+    python benchmarks/profile_ops.py --reduced   # seconds: CI's run (measures nothing)
 
 `--dtype bfloat16` profiles bf16 compute (float32 parameters, float32 accumulation in the
 matmuls and log-softmax). Op times are summed over XLA's threads; "wall" is the traced
-calls' elapsed time. Last line: RESULT {"metric": "profile_shares", ...} with the shares.
+calls' elapsed time. `--reduced`: `--shape reduced` (`workload.REDUCED_HF_CONFIG`'s
+sizes, 8 + 8 tokens), `--what decode2,update --reps 1`. The persistent compilation cache
+is off here: a program loaded from it is not dumped, so its ops could not be attributed.
+Last line: RESULT {"metric": "profile_shares", ...} with the shares.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import sys
 import tempfile
 import time
 
+from workload import REDUCED, REDUCED_HF_CONFIG
+
 SHAPES = {
     "toy": dict(layers=4, width=256, heads=4, kv_heads=2, head_dim=64, intermediate=768,
                 vocab=512, tied=0, rope_theta=1e4, prompt_len=32, new_tokens=96,
@@ -47,6 +53,13 @@ SHAPES = {
                        intermediate=4864, vocab=151936, tied=1, rope_theta=1e6, prompt_len=64,
                        new_tokens=128, update_rows=8),
 }
+_R = REDUCED_HF_CONFIG
+SHAPES["reduced"] = dict(
+    layers=_R["num_hidden_layers"], width=_R["hidden_size"], heads=_R["num_attention_heads"],
+    kv_heads=_R["num_key_value_heads"], head_dim=_R["head_dim"],
+    intermediate=_R["intermediate_size"], vocab=_R["vocab_size"], tied=0,
+    rope_theta=_R["rope_theta"], prompt_len=REDUCED["prompt_len"],
+    new_tokens=REDUCED["new_tokens"], update_rows=REDUCED["prompts"] * REDUCED["group"])
 # Components of the lever table: (name, test on "caller > function" of the op's innermost
 # rljax frames, on the op's kind)
 COMPONENTS = (
@@ -280,19 +293,24 @@ def main():
   parser.add_argument("--devices", type=int, default=1,
                       help="XLA CPU devices (JAX_NUM_CPU_DEVICES) the rollout's and the "
                       "update's rows are split over; op times are summed over the devices")
+  parser.add_argument("--reduced", action="store_true",
+                      help="seconds: --shape reduced --what decode2,update --reps 1 (CI's run)")
   args = parser.parse_args()
+  if args.reduced:
+    args.shape, args.what, args.reps = "reduced", "decode2,update", 1
   shape = dict(SHAPES[args.shape])
   shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
   dump_dir = tempfile.mkdtemp(prefix="rljax_hlo_")
   os.environ["XLA_FLAGS"] = " ".join(filter(None, [
       os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text"]))
   os.environ["JAX_NUM_CPU_DEVICES"] = str(args.devices)
+  os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"   # cached programs are not dumped
   import jax
   import jax.numpy as jnp
   import numpy as np
 
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from workload import GROUP, RljaxGRPO, matmul_roofline
+  from workload import GROUP, REDUCED_ROOFLINE, RljaxGRPO, matmul_roofline
 
   from rljax.sampling import SamplingParams, generate
 
@@ -341,13 +359,15 @@ def main():
     fn()
     print(f"{what}: first call (compiles) {time.perf_counter() - t0:.1f} s", flush=True)
     fn()
-    roof = matmul_roofline()
+    roof_n = REDUCED_ROOFLINE["n"] if args.reduced else 1024
+    roof = matmul_roofline(**REDUCED_ROOFLINE) if args.reduced else matmul_roofline()
     ops, walls = profile(fn, args.reps, tempfile.mkdtemp(prefix="rljax_trace_"))
     results[what] = report(title, attribute(ops, dump_dir), walls, args.top)
     results[what]["roofline_gflops"] = round(roof, 1)
-    print(f"(1024³ fp32 matmul before the trace: {roof:.0f} GFLOP/s)")
+    print(f"({roof_n}³ fp32 matmul before the trace: {roof:.0f} GFLOP/s)")
   res = {"metric": "profile_shares", "rljax": results, "peer": None, "ratio": None,
-         "shape": shape, "dtype": args.dtype,
+         "shape": shape, "dtype": args.dtype, "what": args.what.split(","), "reps": args.reps,
+         "devices": args.devices, "reduced": args.reduced,
          "loadavg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
   print("RESULT " + json.dumps(res))
 

@@ -37,8 +37,10 @@ their quotient; for (d) MB, ratio = peer / rljax. Medians over `--reps` calls af
 
     python benchmarks/real_shapes.py [--reps 5] [--parts sampler,grpo] [--peers hf,trl]
         [--host-memory glibc|keep-freed]
-    # reduced (seconds): --layers 2 --width 64 --heads 2 --kv-heads 1 --head-dim 32 \\
-    #   --intermediate 128 --vocab 256 --prompt-len 8 --new-tokens 8 --peers hf
+    python benchmarks/real_shapes.py --reduced --peers hf   # seconds: CI's run
+
+`--reduced` sets the shape flags to `workload.REDUCED_HF_CONFIG`'s (2 layers, width 32,
+vocab 64), 8 + 8 tokens, batch 4, GRPO 2 x 2, 2 timed calls after 1; it measures nothing.
 
 The full size needs ~10 GB per GRPO worker (fp32 parameters, gradients and AdamW moments
 of 494 M parameters, activations); the two run one after the other.
@@ -65,10 +67,17 @@ from grpo_vs_trl import (
   summarise,
   wait_command,
 )
-from workload import pin_cpus, prompt_ids, rss_peak_mb
+from workload import REDUCED, REDUCED_HF_CONFIG, pin_cpus, prompt_ids, rss_peak_mb, sig
 
 QWEN25_05B = dict(layers=24, width=896, heads=14, kv_heads=2, head_dim=64, intermediate=4864,
                   vocab=151936)
+_R = REDUCED_HF_CONFIG
+REDUCED_ARGS = dict(layers=_R["num_hidden_layers"], width=_R["hidden_size"],
+                    heads=_R["num_attention_heads"], kv_heads=_R["num_key_value_heads"],
+                    head_dim=_R["head_dim"], intermediate=_R["intermediate_size"],
+                    vocab=_R["vocab_size"], prompt_len=REDUCED["prompt_len"],
+                    new_tokens=REDUCED["new_tokens"], batch=4, grpo_prompts=REDUCED["prompts"],
+                    group=REDUCED["group"], reps=2, warmup=1)
 SAMPLER_COMPARED = ("dtype", "threads", "batch", "prompt_len", "new_tokens", "stop_tokens",
                     "temperature", "top_k", "top_p")
 
@@ -101,7 +110,8 @@ def sampler_config(threads: int, spec: dict, dtype: str) -> dict:
 
 
 def rljax_sampler_worker(spec: dict) -> None:
-  """One call of each rljax sampler per "step" command: {"static": s, "continuous": s}."""
+  """One call of each rljax sampler per "step" command: {"static": s, "continuous": s}
+  (`spec["variants"]`: only those)."""
   cpus = pin_cpus(spec["threads"])
   import jax
   from flax import nnx
@@ -125,6 +135,7 @@ def rljax_sampler_worker(spec: dict) -> None:
                                slots=b, share_prefill=True)
 
   variants = {"static": static, "continuous": continuous}
+  variants = {k: v for k, v in variants.items() if k in spec.get("variants", variants)}
 
   def call(name, seed):
     t0 = time.perf_counter()
@@ -134,9 +145,12 @@ def rljax_sampler_worker(spec: dict) -> None:
     assert int(out.mask.sum()) == b * t, "a row stopped early"
     return dt
 
-  emit("CONFIG", {**sampler_config(len(os.sched_getaffinity(0)), spec,
-                                   f"{cfg.dtype} compute, {cfg.param_dtype} params"),
-                  "cpus": cpus, "variants": list(variants)})
+  config = {**sampler_config(len(os.sched_getaffinity(0)), spec,
+                            f"{cfg.dtype} compute, {cfg.param_dtype} params"),
+            "cpus": cpus, "variants": list(variants), "xla_cpu_devices": len(jax.devices())}
+  if spec.get("probe"):   # the loaded weights, for a peer to compare (vs_tunix.py)
+    config["logits_probe"] = logits_probe(model, tokens)
+  emit("CONFIG", config)
   first = {name: call(name, 0) for name in variants}   # compiles
   for i in range(spec["warmup"] - 1):
     for name in variants:
@@ -149,6 +163,17 @@ def rljax_sampler_worker(spec: dict) -> None:
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
   emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1), "first_call_s": first,
                 "param_mb": round(param_bytes / 2 ** 20, 1)})
+
+
+def logits_probe(model, tokens: np.ndarray, rows: int = 2, vocab: int = 16) -> list:
+  """Teacher-forced logits of the first `rows` prompts at their last position, the first
+  `vocab` entries: the same numbers from two loaders mean the same weights."""
+  import jax.numpy as jnp
+
+  t = jnp.asarray(tokens[:rows])
+  positions = jnp.broadcast_to(jnp.arange(t.shape[1]), t.shape)
+  logits = model(t, positions=positions, attention_mask=jnp.ones(t.shape, jnp.int32))
+  return np.asarray(logits[:, -1, :vocab], np.float64).tolist()
 
 
 def hf_sampler_worker(spec: dict) -> None:
@@ -193,16 +218,11 @@ def result(metric: str, rljax, peer, ratio=None, **extra) -> dict:
   """A RESULT line (printed) and its dict; ratio defaults to peer / rljax (None without a
   peer); the 1-minute load average at the time is added."""
   if ratio is None and peer is not None and rljax:
-    ratio = round(peer / rljax, 3)
+    ratio = sig(peer / rljax)
   res = {"metric": metric, "rljax": rljax, "peer": peer, "ratio": ratio, **extra,
          "loadavg": round(os.getloadavg()[0], 2)}
   print("RESULT " + json.dumps(res), flush=True)
   return res
-
-
-def sig(x: float, digits: int = 4) -> float:
-  """`x` to `digits` significant figures (a reduced shape's calls take milliseconds)."""
-  return float(f"{x:.{digits}g}")
 
 
 def min_max(xs) -> list[float]:
@@ -272,10 +292,9 @@ def run_grpo(model_dir: str, args, shape: dict) -> list[dict]:
   steps = runs["rljax"]["steps"][args.warmup:]
   done = runs["rljax"]["done"]
   out = [result(
-      "grpo_step_seconds", round(rl["total"], 3), peer and round(peer["total"], 3),
-      rljax_generate=round(rl["generate"], 3), rljax_update=round(rl["update"], 3),
-      peer_generate=peer and round(peer["generate"], 3),
-      peer_train=peer and round(peer["train"], 3),
+      "grpo_step_seconds", sig(rl["total"]), peer and sig(peer["total"]),
+      rljax_generate=sig(rl["generate"]), rljax_update=sig(rl["update"]),
+      peer_generate=peer and sig(peer["generate"]), peer_train=peer and sig(peer["train"]),
       rljax_min_max=rl["min_max"], peer_min_max=peer and peer["min_max"],
       # CPU seconds per step (all threads): much less sensitive to other jobs than wall time
       rljax_cpu_s=round(rl["cpu_s"], 2), peer_cpu_s=peer and round(peer["cpu_s"], 2),
@@ -284,9 +303,9 @@ def run_grpo(model_dir: str, args, shape: dict) -> list[dict]:
   roof = statistics.median(s["roofline_gflops"] for s in steps)
   achieved = done["update_gflop"] / rl["update"]
   out.append(result(
-      "update_roofline_fraction", round(achieved, 1), round(roof, 1),
-      ratio=round(achieved / roof, 4),   # update GFLOP/s / roofline GFLOP/s
-      update_gflop=round(done["update_gflop"], 1), update_seconds=round(rl["update"], 3),
+      "update_roofline_fraction", sig(achieved), sig(roof),
+      ratio=sig(achieved / roof),   # update GFLOP/s / roofline GFLOP/s
+      update_gflop=sig(done["update_gflop"]), update_seconds=sig(rl["update"]),
       paired_fraction=round(statistics.median(s["update_gflops"] / s["roofline_gflops"]
                                               for s in steps), 4),
       roofline_min_max=min_max([s["roofline_gflops"] for s in steps]),
@@ -320,9 +339,13 @@ def main():
                       choices=["passive", "active", "default"])
   parser.add_argument("--model-dir", default="",
                       help="reuse (or keep) the saved random-weight model in this directory")
+  parser.add_argument("--reduced", action="store_true",
+                      help="seconds: every shape flag set to `REDUCED_ARGS` (CI's run)")
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   parser.add_argument("--spec", help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.reduced:
+    vars(args).update(REDUCED_ARGS)
   if args.worker:
     workers = {"save": save_worker, "rljax_sampler": rljax_sampler_worker,
                "hf_sampler": hf_sampler_worker}

@@ -21,6 +21,10 @@ over wall time. rljax's two samplers alternate call by call in one process; medi
 two machines in benchmarks/README.md) and on the load; the ratios travel better than the rates.
 
     python benchmarks/rollout_longtail.py [--reps 7] [--slots 0] [--stop-tokens 10]
+    python benchmarks/rollout_longtail.py --reduced   # seconds: CI's run (measures nothing)
+
+`--reduced`: `workload.REDUCED_HF_CONFIG` (vocab 64: 4 stop ids stop a row with
+probability ~1/16 per step), 2 prompts x 4 samples, up to 32 new tokens, 1 timed call.
 
 Last line: RESULT {"metric": "completed_tokens_per_s_longtail", "rljax": <continuous>,
 "peer": <static>, "ratio": ..., "hf": ..., "ratio_vs_hf": ...}.
@@ -39,12 +43,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-PROMPTS, SAMPLES, PROMPT_LEN, NEW_TOKENS = 8, 8, 32, 256
+SHAPE = dict(prompts=8, samples=8, prompt_len=32, new_tokens=256)
+REDUCED_SHAPE = dict(prompts=2, samples=4, prompt_len=8, new_tokens=32)
 
 
-def _prompts(vocab):
+def _prompts(vocab, shape):
   import numpy as np
-  return np.random.default_rng(0).integers(20, vocab, (PROMPTS, PROMPT_LEN)).astype(np.int32)
+  return np.random.default_rng(0).integers(20, vocab, (shape["prompts"], shape["prompt_len"]))\
+      .astype(np.int32)
 
 
 def hf_worker(args):
@@ -52,8 +58,11 @@ def hf_worker(args):
   import numpy as np
   import torch
   import transformers
+  shape = REDUCED_SHAPE if args.reduced else SHAPE
+  PROMPT_LEN, NEW_TOKENS = shape["prompt_len"], shape["new_tokens"]  # noqa: N806
   hf = transformers.Qwen2ForCausalLM.from_pretrained(args.model_dir).eval()
-  ids = torch.tensor(np.repeat(_prompts(hf.config.vocab_size), SAMPLES, 0), dtype=torch.long)
+  ids = torch.tensor(np.repeat(_prompts(hf.config.vocab_size, shape), shape["samples"], 0),
+                     dtype=torch.long)
   stops = list(range(2, 2 + args.stop_tokens))
   times, tokens = [], []
   for i in range(args.reps + 1):
@@ -80,34 +89,42 @@ def main():
                   help="decode slots (0: all 64 requests resident, the trainer's default)")
   ap.add_argument("--stop-tokens", type=int, default=10)
   ap.add_argument("--no-hf", action="store_true")
+  ap.add_argument("--reduced", action="store_true",
+                  help="seconds: the reduced model and `REDUCED_SHAPE`, --reps 1 --stop-tokens "
+                  "4 (CI's run)")
   ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--model-dir", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.hf_worker:
     return hf_worker(args)
+  if args.reduced:
+    args.reps, args.stop_tokens = 1, 4
+  shape = REDUCED_SHAPE if args.reduced else SHAPE
+  PROMPTS, SAMPLES, NEW_TOKENS = (  # noqa: N806
+      shape[k] for k in ("prompts", "samples", "new_tokens"))
 
   import jax
   import numpy as np
-  from sampler_vs_hf import build_models, matmul_gflops
+  from workload import REDUCED_ROOFLINE, matmul_roofline, save_hf, sig
 
   from rljax.models import load_hf
   from rljax.sampling import SamplingParams, compile_count, generate
   from rljax.sampling.continuous import generate_continuous
 
   load_before = os.getloadavg()[0]
-  peak = matmul_gflops()
+  peak = matmul_roofline(**REDUCED_ROOFLINE) if args.reduced else matmul_roofline(reps=7)
   with tempfile.TemporaryDirectory() as model_dir:
-    build_models(save_to=model_dir)
+    save_hf(model_dir, reduced=args.reduced)
     model, cfg = load_hf(model_dir)
     hf = None
     if not args.no_hf:
       cmd = [sys.executable, os.path.abspath(__file__), "--hf-worker", "--model-dir", model_dir,
              "--reps", str(args.reps), "--stop-tokens", str(args.stop_tokens)]
-      out = subprocess.run(cmd, capture_output=True, text=True)
+      out = subprocess.run(cmd + ["--reduced"] * args.reduced, capture_output=True, text=True)
       if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
       hf = json.loads(out.stdout.split("HF ")[-1])
-  tokens = _prompts(cfg.vocab_size)
+  tokens = _prompts(cfg.vocab_size, shape)
   mask = np.ones_like(tokens)
   sampling = SamplingParams(max_new_tokens=NEW_TOKENS, n=SAMPLES,
                             stop_tokens=tuple(range(2, 2 + args.stop_tokens)))
@@ -133,13 +150,13 @@ def main():
   all_lengths = np.concatenate(lengths["static"])
   rate = {k: float(np.median([lens.sum() / t for lens, t in zip(lengths[k], times[k])]))
           for k in calls}
-  result = {"metric": "completed_tokens_per_s_longtail", "rljax": round(rate["continuous"]),
-            "peer": round(rate["static"]), "ratio": round(rate["continuous"] / rate["static"], 2),
-            "static_s_median": round(statistics.median(times["static"]), 3),
-            "continuous_s_median": round(statistics.median(times["continuous"]), 3),
-            "continuous_s_min_max": [round(min(times["continuous"]), 3),
-                                     round(max(times["continuous"]), 3)],
-            "static_s_min_max": [round(min(times["static"]), 3), round(max(times["static"]), 3)],
+  result = {"metric": "completed_tokens_per_s_longtail", "rljax": sig(rate["continuous"]),
+            "peer": sig(rate["static"]), "ratio": sig(rate["continuous"] / rate["static"]),
+            "static_s_median": sig(statistics.median(times["static"])),
+            "continuous_s_median": sig(statistics.median(times["continuous"])),
+            "continuous_s_min_max": [sig(min(times["continuous"])), sig(max(times["continuous"]))],
+            "static_s_min_max": [sig(min(times["static"])), sig(max(times["static"]))],
+            "reduced": args.reduced, "reps": args.reps, "stop_tokens": args.stop_tokens, **shape,
             "slots": args.slots or PROMPTS * SAMPLES, "requests": PROMPTS * SAMPLES,
             "length_mean": round(float(all_lengths.mean()), 1),
             "length_max": int(all_lengths.max()),
@@ -149,9 +166,9 @@ def main():
             "load_avg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
   if hf is not None:
     hf_rate = float(np.median([n / t for n, t in zip(hf["tokens"], hf["times"])]))
-    result.update(hf=round(hf_rate), ratio_vs_hf=round(rate["continuous"] / hf_rate, 2),
-                  static_vs_hf=round(rate["static"] / hf_rate, 2),
-                  hf_s_median=round(statistics.median(hf["times"]), 3))
+    result.update(hf=sig(hf_rate), ratio_vs_hf=sig(rate["continuous"] / hf_rate),
+                  static_vs_hf=sig(rate["static"] / hf_rate),
+                  hf_s_median=sig(statistics.median(hf["times"])))
   print(f"lengths: mean {result['length_mean']}, max {result['length_max']} "
         f"(max/mean {result['max_over_mean']})")
   for k in calls:

@@ -24,6 +24,7 @@ parameters) per position for all prompt + generated positions, plus causal atten
 
     python benchmarks/sampler_vs_hf.py [--reps 15] [--rounds 3] [--batches 64,8]
                                        [--torch-threads N] [--rljax-devices N] [--in-process]
+    python benchmarks/sampler_vs_hf.py --reduced   # seconds: CI's run (measures nothing)
 
 Both sides get the same CPUs. torch splits each op over its threads; the rljax worker runs
 `--rljax-devices` XLA CPU devices (`JAX_NUM_CPU_DEVICES`) with the rows data-parallel over
@@ -55,15 +56,19 @@ import jax
 import numpy as np
 import torch
 import transformers
-from workload import matmul_roofline, rljax_cpu_devices
+from workload import (
+  REDUCED,
+  REDUCED_ROOFLINE,
+  hf_config,
+  matmul_roofline,
+  rljax_cpu_devices,
+  sig,
+)
 
 from rljax.models import load_hf
 from rljax.parallel import make_mesh, shard_model
 from rljax.sampling import SamplingParams, compile_count, generate
 
-HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                 rope_theta=10000.0, tie_word_embeddings=False, rms_norm_eps=1e-6)
 PROMPT_LEN, NEW_TOKENS = 32, 96
 PEER_REFERENCE = {64: 5050.0, 8: 1712.0}   # transformers eager generate, idle machine (earlier)
 WARMUP_CALLS = 2   # untimed calls per side (the first one compiles)
@@ -82,10 +87,16 @@ def generate_flops(cfg, batch: int, prompt_len: int, new_tokens: int) -> float:
   return batch * (dense + attention)
 
 
-def build_models(seed: int = 0, save_to: str | None = None):
-  """The seeded HF model, saved (to `save_to`, or a temporary directory), loaded into rljax."""
+def lengths(reduced: bool) -> tuple[int, int]:
+  """(prompt tokens, new tokens) of a call: the workload's, or `workload.REDUCED`'s."""
+  return (REDUCED["prompt_len"], REDUCED["new_tokens"]) if reduced else (PROMPT_LEN, NEW_TOKENS)
+
+
+def build_models(seed: int = 0, save_to: str | None = None, reduced: bool = False):
+  """The seeded HF model (`workload.hf_config`), saved (to `save_to`, or a temporary
+  directory), loaded into rljax."""
   torch.manual_seed(seed)
-  hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**HF_CONFIG)).eval()
+  hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_config(reduced))).eval()
   with tempfile.TemporaryDirectory() as tmp:
     path = save_to or tmp
     hf.save_pretrained(path)
@@ -93,58 +104,60 @@ def build_models(seed: int = 0, save_to: str | None = None):
   return hf, model, cfg
 
 
-def prompts(batch: int, vocab_size: int) -> np.ndarray:
+def prompts(batch: int, vocab_size: int, prompt_len: int = PROMPT_LEN) -> np.ndarray:
   """The benchmark's prompts for one batch size (identical in every worker)."""
-  return np.random.default_rng(batch).integers(1, vocab_size, (batch, PROMPT_LEN))
+  return np.random.default_rng(batch).integers(1, vocab_size, (batch, prompt_len))
 
 
-def time_hf(hf, tokens: np.ndarray) -> float:
+def time_hf(hf, tokens: np.ndarray, new_tokens: int = NEW_TOKENS) -> float:
   ids = torch.tensor(tokens)
   with torch.inference_mode():
     t0 = time.perf_counter()
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                      top_k=0, top_p=1.0, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                      top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                       eos_token_id=None, pad_token_id=0)
     dt = time.perf_counter() - t0
-  assert out.shape == (tokens.shape[0], PROMPT_LEN + NEW_TOKENS), out.shape
+  assert out.shape == (tokens.shape[0], tokens.shape[1] + new_tokens), out.shape
   return dt
 
 
-def time_rljax(model, tokens: np.ndarray, seed: int, mesh=None) -> float:
-  sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
+def time_rljax(model, tokens: np.ndarray, seed: int, mesh=None,
+               new_tokens: int = NEW_TOKENS) -> float:
+  sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
   t0 = time.perf_counter()
   out = generate(model, tokens, np.ones_like(tokens), sampling=sampling,
                  rng=jax.random.key(seed), mesh=mesh)
   out.tokens.block_until_ready()
   dt = time.perf_counter() - t0
-  assert out.tokens.shape == (tokens.shape[0], NEW_TOKENS)
-  assert int(out.mask.sum()) == tokens.size // PROMPT_LEN * NEW_TOKENS
+  assert out.tokens.shape == (tokens.shape[0], new_tokens)
+  assert int(out.mask.sum()) == tokens.shape[0] * new_tokens
   return dt
 
 
 def make_sampler(side: str, model_dir: str, batch: int, seed: int, torch_threads: int = 0,
-                 devices: int = 1):
+                 devices: int = 1, reduced: bool = False):
   """Load the saved weights into one side; returns call(i) -> seconds for one generate."""
+  prompt_len, new_tokens = lengths(reduced)
   if side == "hf":
     if torch_threads:
       torch.set_num_threads(torch_threads)
     hf = transformers.Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tokens = prompts(batch, hf.config.vocab_size)
-    return lambda i: time_hf(hf, tokens)
+    tokens = prompts(batch, hf.config.vocab_size, prompt_len)
+    return lambda i: time_hf(hf, tokens, new_tokens)
   model, cfg = load_hf(model_dir)
-  tokens = prompts(batch, cfg.vocab_size)
+  tokens = prompts(batch, cfg.vocab_size, prompt_len)
   mesh = None
   if devices > 1:   # the worker's JAX_NUM_CPU_DEVICES: rows data-parallel over the devices
     mesh = make_mesh(data=devices, devices=jax.devices()[:devices])
     shard_model(model, mesh)
-  return lambda i: time_rljax(model, tokens, seed=seed + i, mesh=mesh)
+  return lambda i: time_rljax(model, tokens, seed=seed + i, mesh=mesh, new_tokens=new_tokens)
 
 
 def serve(args) -> None:
   """Worker: warm up, print READY, then time one call per `run` line read from stdin."""
   transformers.utils.logging.disable_progress_bar()
   call = make_sampler(args.worker, args.model_dir, int(args.batches), args.seed,
-                      args.torch_threads, args.rljax_devices)
+                      args.torch_threads, args.rljax_devices, args.reduced)
   first = [call(-1 - i) for i in range(WARMUP_CALLS)][0]
   print(f"READY {first}", flush=True)
   for i, line in enumerate(sys.stdin):
@@ -162,7 +175,7 @@ class Worker:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--model-dir",
            model_dir, "--batches", str(batch), "--seed", str(args.seed),
            "--torch-threads", str(args.torch_threads),
-           "--rljax-devices", str(rljax_devices(args, batch))]
+           "--rljax-devices", str(rljax_devices(args, batch))] + ["--reduced"] * args.reduced
     self.side = side
     env = dict(os.environ)
     if side == "rljax":
@@ -193,8 +206,8 @@ def time_pair(model_dir: str, batch: int, reps: int, seed: int, args):
   """`reps` calls per side, alternating HF and rljax call by call (order flipped every
   round, a pause between). Returns (HF seconds, rljax seconds, rljax first call, compiles)."""
   if args.in_process:
-    hf = make_sampler("hf", model_dir, batch, seed, args.torch_threads)
-    rl = make_sampler("rljax", model_dir, batch, seed)
+    hf = make_sampler("hf", model_dir, batch, seed, args.torch_threads, reduced=args.reduced)
+    rl = make_sampler("rljax", model_dir, batch, seed, reduced=args.reduced)
     first = [rl(-1 - i) for i in range(WARMUP_CALLS)][0]
     [hf(-1 - i) for i in range(WARMUP_CALLS)]
   else:
@@ -226,20 +239,21 @@ def time_rounds(model_dir: str, batch: int, args):
 
 def run_batch(model_dir: str, cfg, batch: int, args, peak_gflops: float) -> dict:
   hf_s, rl_s, first_s, compiled = time_rounds(model_dir, batch, args)
-  n_tok = batch * NEW_TOKENS
-  flops = generate_flops(cfg, batch, PROMPT_LEN, NEW_TOKENS)
+  prompt_len, new_tokens = lengths(args.reduced)
+  n_tok = batch * new_tokens
+  flops = generate_flops(cfg, batch, prompt_len, new_tokens)
   rl, peer = n_tok / statistics.median(rl_s), n_tok / statistics.median(hf_s)
   res = {
-      "rljax": round(rl, 1), "peer": round(peer, 1), "ratio": round(rl / peer, 3),
-      "rljax_min_max": [round(n_tok / max(rl_s)), round(n_tok / min(rl_s))],
-      "peer_min_max": [round(n_tok / max(hf_s)), round(n_tok / min(hf_s))],
-      "gflop_per_call": round(flops / 1e9, 2),
-      "rljax_roofline_fraction": round(flops / statistics.median(rl_s) / 1e9 / peak_gflops, 4),
-      "peer_roofline_fraction": round(flops / statistics.median(hf_s) / 1e9 / peak_gflops, 4),
+      "rljax": sig(rl), "peer": sig(peer), "ratio": sig(rl / peer),
+      "rljax_min_max": [sig(n_tok / max(rl_s)), sig(n_tok / min(rl_s))],
+      "peer_min_max": [sig(n_tok / max(hf_s)), sig(n_tok / min(hf_s))],
+      "gflop_per_call": sig(flops / 1e9),
+      "rljax_roofline_fraction": sig(flops / statistics.median(rl_s) / 1e9 / peak_gflops),
+      "peer_roofline_fraction": sig(flops / statistics.median(hf_s) / 1e9 / peak_gflops),
       "rljax_first_call_s": round(first_s, 2), "rljax_programs_compiled": compiled,
       "rljax_cpu_devices": 1 if args.in_process else rljax_devices(args, batch),
   }
-  if batch in PEER_REFERENCE:
+  if batch in PEER_REFERENCE and not args.reduced:
     res["peer_reference"] = PEER_REFERENCE[batch]
     res["ratio_vs_reference"] = round(rl / PEER_REFERENCE[batch], 3)
   print(f"batch {batch:3d}: rljax {rl:8.0f} tok/s  HF {peer:8.0f} tok/s  ratio {rl / peer:5.2f}x"
@@ -265,10 +279,16 @@ def parse_args():
                       "(0: one per CPU when each gets >= 32 rows, else 1)")
   parser.add_argument("--in-process", action="store_true",
                       help="time both sides in this process (torch's threads then slow JAX)")
+  parser.add_argument("--reduced", action="store_true",
+                      help="seconds: `workload.REDUCED_HF_CONFIG`, 8 + 8 tokens, batch 4, "
+                      "3 calls per side in one round (CI's run; measures nothing)")
   parser.add_argument("--worker", choices=["hf", "rljax"], help=argparse.SUPPRESS)
   parser.add_argument("--model-dir", help=argparse.SUPPRESS)
   parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-  return parser.parse_args()
+  args = parser.parse_args()
+  if args.reduced and not args.worker:
+    args.reps, args.rounds, args.batches = 3, 1, "4"
+  return args
 
 
 def main():
@@ -284,16 +304,21 @@ def main():
         + ", ".join(f"batch {b} on {rljax_devices(args, b)} XLA CPU device(s)" for b in batches)
         + "; "
         f"{'one process' if args.in_process else 'a worker process per side and block'}")
-  peak = matmul_roofline(reps=7)
-  print(f"matmul roofline (1024³ fp32 jnp.dot): {peak:.1f} GFLOP/s")
+  roof_n = REDUCED_ROOFLINE["n"] if args.reduced else 1024
+  peak = matmul_roofline(**REDUCED_ROOFLINE) if args.reduced else matmul_roofline(reps=7)
+  print(f"matmul roofline ({roof_n}³ fp32 jnp.dot): {peak:.1f} GFLOP/s")
   with tempfile.TemporaryDirectory() as model_dir:
-    _, _, cfg = build_models(save_to=model_dir)
+    _, _, cfg = build_models(save_to=model_dir, reduced=args.reduced)
     results = {b: run_batch(model_dir, cfg, b, args, peak) for b in batches}
   first = batches[0]
   load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
   print(f"load average (1 min) before / after: {load[0]} / {load[1]} on {os.cpu_count()} cores")
+  prompt_len, new_tokens = lengths(args.reduced)
   summary = {"metric": f"tokens_per_s_batch{first}", **results[first],
              "matmul_gflops": round(peak, 1), "in_process": args.in_process,
+             "reduced": args.reduced, "batch": first, "prompt_len": prompt_len,
+             "new_tokens": new_tokens, "reps": args.reps, "vocab_size": cfg.vocab_size,
+             "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
              "torch_threads": args.torch_threads or torch.get_num_threads(),
              "load_avg_before_after": load, "cpu_count": os.cpu_count()}
   for b in batches[1:]:

@@ -16,6 +16,10 @@ so the flags can be compared on the same script; a flag this XLA does not know i
 reported as unsupported.
 
     python benchmarks/update_roofline.py [--reps 5] [--rounds 1] [--flags all|baseline,...]
+    python benchmarks/update_roofline.py --reduced   # seconds: CI's run (measures nothing)
+
+`--reduced`: `workload.REDUCED_HF_CONFIG` and `workload.REDUCED`'s rows (4 x (8 + 8)
+tokens), a 256³ roofline, --reps 1, the baseline flags only.
 
 Last line: RESULT {"metric": "update_flop_utilisation", "rljax": <fraction of the
 roofline, baseline flags>, "peer": <roofline GFLOP/s>, "ratio": <fraction / 0.70 target>, ...}.
@@ -32,6 +36,7 @@ import sys
 import time
 
 import numpy as np
+from workload import sig
 
 TARGET = 0.70
 FLAG_SETS = {
@@ -64,7 +69,7 @@ def median_time(fn, reps: int) -> tuple[float, list[float]]:
   return statistics.median(times), times
 
 
-def worker(reps: int) -> dict:
+def worker(reps: int, reduced: bool = False) -> dict:
   """Runs in the subprocess: roofline, forward, grad-only and full update step timings."""
   import jax
   import jax.numpy as jnp
@@ -74,6 +79,8 @@ def worker(reps: int) -> dict:
     NEW_TOKENS,
     PROMPT_LEN,
     PROMPTS,
+    REDUCED,
+    REDUCED_ROOFLINE,
     RljaxGRPO,
     build_hf,
     load_into_rljax,
@@ -81,8 +88,10 @@ def worker(reps: int) -> dict:
   )
 
   objective = trainer_modules().objective
-
-  n = 1024
+  shape = REDUCED if reduced else dict(prompts=PROMPTS, group=GROUP, prompt_len=PROMPT_LEN,
+                                       new_tokens=NEW_TOKENS)
+  p_len, t_len = shape["prompt_len"], shape["new_tokens"]
+  n = REDUCED_ROOFLINE["n"] if reduced else 1024
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
   dot = jax.jit(jnp.dot)
@@ -90,14 +99,14 @@ def worker(reps: int) -> dict:
   t_dot, _ = median_time(lambda: dot(a, b).block_until_ready(), 3 * reps)
   roofline = 2 * n ** 3 / t_dot / 1e9
 
-  model, cfg = load_into_rljax(build_hf())
-  grpo = RljaxGRPO(model)
+  model, cfg = load_into_rljax(build_hf(reduced=reduced))
+  grpo = RljaxGRPO(model, group=shape["group"], new_tokens=t_len)
   rng = np.random.default_rng(0)
-  rows_n = PROMPTS * GROUP
-  rows = {"prompt_tokens": rng.integers(2, cfg.vocab_size, (rows_n, PROMPT_LEN)),
-          "prompt_mask": np.ones((rows_n, PROMPT_LEN), np.int32),
-          "tokens": rng.integers(2, cfg.vocab_size, (rows_n, NEW_TOKENS)),
-          "mask": np.ones((rows_n, NEW_TOKENS), np.int32)}
+  rows_n = shape["prompts"] * shape["group"]
+  rows = {"prompt_tokens": rng.integers(2, cfg.vocab_size, (rows_n, p_len)),
+          "prompt_mask": np.ones((rows_n, p_len), np.int32),
+          "tokens": rng.integers(2, cfg.vocab_size, (rows_n, t_len)),
+          "mask": np.ones((rows_n, t_len), np.int32)}
   seq, mb = grpo.minibatch(rows, 0)
   old_logp, _ = grpo.fns.policy_stats(grpo.state.actor, seq)
   mb["old_logp"] = mb["ref_logp"] = old_logp
@@ -120,7 +129,7 @@ def worker(reps: int) -> dict:
   # Interleaved: each timed call is paired with a roofline measurement taken right before
   # it, so a fraction compares two figures seen under the same machine load.
   out = {}
-  flops = train_flops(cfg, rows_n, PROMPT_LEN, NEW_TOKENS)
+  flops = train_flops(cfg, rows_n, p_len, t_len)
   roofs = []
   for name, fn, f in (("forward", fwd, flops / 3), ("grad", grad, flops), ("update", step, flops)):
     t0 = time.perf_counter()
@@ -145,13 +154,16 @@ def worker(reps: int) -> dict:
     out[name]["fraction"] = out[name]["gflops"] / out["roofline_gflops"]
   out["update_gflop"] = flops / 1e9
   out["update_compiles"] = grpo.update_step._cache_size()
+  out["shape"] = {**shape, "rows": rows_n, "roofline_n": n, "vocab_size": cfg.vocab_size,
+                  "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers}
   return out
 
 
-def run_flag_set(name: str, flags: str, reps: int) -> dict:
+def run_flag_set(name: str, flags: str, reps: int, reduced: bool = False) -> dict:
   env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""),
                                                           flags])))
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--reps", str(reps)]
+  cmd += ["--reduced"] * reduced
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
                         cwd=os.path.dirname(os.path.abspath(__file__)))
   lines = [x for x in proc.stdout.splitlines() if x.startswith("WORKER ")]
@@ -180,36 +192,41 @@ def main():
   parser.add_argument("--rounds", type=int, default=1,
                       help="run every flag set this many times, in turn; keep the median")
   parser.add_argument("--flags", default="all", help="all | comma list of " + ",".join(FLAG_SETS))
+  parser.add_argument("--reduced", action="store_true",
+                      help="seconds: the reduced model and rows, --reps 1 --flags baseline "
+                      "(CI's run; measures nothing)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:
-    print("WORKER " + json.dumps(worker(args.reps)))
+    print("WORKER " + json.dumps(worker(args.reps, args.reduced)))
     return
+  if args.reduced:
+    args.reps, args.flags = 1, "baseline"
   names = list(FLAG_SETS) if args.flags == "all" else args.flags.split(",")
   load_before = os.getloadavg()
   print(f"load average {load_before[0]:.1f} on {os.cpu_count()} cores; XLA_FLAGS per run:")
   runs = {name: [] for name in names}
   for _ in range(args.rounds):
     for name in names:
-      runs[name].append(run_flag_set(name, FLAG_SETS[name], args.reps))
+      runs[name].append(run_flag_set(name, FLAG_SETS[name], args.reps, args.reduced))
   results = {name: median_run(r) for name, r in runs.items()}
   base = results.get("baseline") or next(r for r in results.values() if "error" not in r)
   ok = {k: r for k, r in results.items() if "error" not in r}
   best = max(ok, key=lambda k: ok[k]["update"]["fraction"])
   frac = base["update"]["fraction"]
   res = {
-      "metric": "update_flop_utilisation", "rljax": round(frac, 4),
-      "peer": round(base["roofline_gflops"], 1), "ratio": round(frac / TARGET, 3),
-      "update_seconds": round(base["update"]["seconds"], 3),
-      "update_gflops": round(base["update"]["gflops"], 1),
-      "update_gflop": round(base["update_gflop"], 1),
-      "paired_fraction": round(base["update"]["paired_fraction"], 4),
-      "forward_fraction": round(base["forward"]["fraction"], 4),
-      "grad_fraction": round(base["grad"]["fraction"], 4),
+      "metric": "update_flop_utilisation", "rljax": sig(frac),
+      "peer": sig(base["roofline_gflops"]), "ratio": sig(frac / TARGET),
+      "update_seconds": sig(base["update"]["seconds"]),
+      "update_gflops": sig(base["update"]["gflops"]),
+      "update_gflop": sig(base["update_gflop"]),
+      "paired_fraction": sig(base["update"]["paired_fraction"]),
+      "forward_fraction": sig(base["forward"]["fraction"]),
+      "grad_fraction": sig(base["grad"]["fraction"]),
       "update_compiles": base["update_compiles"], "target": TARGET,
-      "flags_update_fraction": {k: (round(r["update"]["fraction"], 4) if "error" not in r
+      "flags_update_fraction": {k: (sig(r["update"]["fraction"]) if "error" not in r
                                     else "unsupported") for k, r in results.items()},
-      "rounds": args.rounds,
+      "rounds": args.rounds, "reps": args.reps, "reduced": args.reduced, "shape": base["shape"],
       "best_flags": FLAG_SETS[best] or "(none)",
       "loadavg_before": [round(x, 2) for x in load_before],
       "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -27,6 +27,20 @@ HF_CONFIG = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hid
                  max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False,
                  rms_norm_eps=1e-6)
 
+# `--reduced` (every script in benchmarks/): the same Qwen2 layout at a size that runs in
+# seconds, so CI runs every script end to end (tests/test_benchmarks_reduced.py); its
+# figures measure nothing.
+REDUCED_HF_CONFIG = dict(HF_CONFIG, vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16)
+REDUCED = dict(prompts=2, group=2, prompt_len=8, new_tokens=8)
+REDUCED_ROOFLINE = dict(n=256, warm=2, reps=3)   # `matmul_roofline` kwargs of a reduced run
+
+
+def hf_config(reduced: bool = False) -> dict:
+  """The benchmark model's `Qwen2Config` kwargs: `HF_CONFIG`, or `REDUCED_HF_CONFIG`."""
+  return dict(REDUCED_HF_CONFIG if reduced else HF_CONFIG)
+
 
 def trainer_modules():
   """The rljax trainer internals this benchmark drives, imported in this one place: the
@@ -44,19 +58,21 @@ def trainer_modules():
                          build_update_step=build_update_step, objective=objective)
 
 
-def build_hf(seed: int = 0, **overrides):
-  """The random-weight Qwen2 built with torch from a fixed seed (`HF_CONFIG` + overrides)."""
+def build_hf(seed: int = 0, *, reduced: bool = False, **overrides):
+  """The random-weight Qwen2 built with torch from a fixed seed (`hf_config(reduced)` +
+  overrides)."""
   import torch
   import transformers
 
   torch.manual_seed(seed)
-  cfg = transformers.Qwen2Config(**{**HF_CONFIG, **overrides})
+  cfg = transformers.Qwen2Config(**{**hf_config(reduced), **overrides})
   return transformers.Qwen2ForCausalLM(cfg)
 
 
-def save_hf(path: str, seed: int = 0, **overrides) -> str:
-  """Builds the seeded model and saves it (safetensors) to `path`; returns `path`."""
-  build_hf(seed, **overrides).save_pretrained(path)
+def save_hf(path: str, seed: int = 0, *, reduced: bool = False, **overrides) -> str:
+  """Builds the seeded model (the reduced one with `reduced`) and saves it (safetensors)
+  to `path`; returns `path`."""
+  build_hf(seed, reduced=reduced, **overrides).save_pretrained(path)
   return path
 
 
@@ -85,6 +101,12 @@ def prompt_ids(steps: int, vocab: int, seed: int = 0, prompts: int = PROMPTS,
                prompt_len: int = PROMPT_LEN) -> np.ndarray:
   """[steps, prompts, prompt_len] token ids in [2, vocab) (0 = pad, 1 = eos)."""
   return np.random.default_rng(seed).integers(2, vocab, (steps, prompts, prompt_len))
+
+
+def sig(x: float, digits: int = 4) -> float:
+  """`x` to `digits` significant figures (a reduced shape's calls take milliseconds, so
+  a fixed number of decimals would round them to 0)."""
+  return float(f"{x:.{digits}g}")
 
 
 # ----------------------------------------------------------------------------- threads

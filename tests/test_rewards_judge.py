@@ -66,17 +66,17 @@ def test_garbage_is_retried_then_reported():
 
 
 def test_hanging_judge_times_out_and_compose_contains_it():
-  release = threading.Event()
+  release, returned = threading.Event(), threading.Event()
 
   def hanging(prompt_text, completion, reference):
     release.wait(10.0)  # bounded; released at the end of the test
+    returned.set()
     return 1.0
 
   reward = JudgeReward(hanging, timeout=0.2)
-  t0 = time.perf_counter()
   out = compose([("judge", reward, 1.0)], timeout=None)([PROMPT], ["x"])
+  assert not returned.is_set()   # compose came back while the judge still hung
   release.set()
-  assert time.perf_counter() - t0 < 5.0
   (failure,) = out.failures
   assert failure.component == "judge" and failure.kind == "exception"
   assert "JudgeError" in failure.message and "timed out after 0.2 s" in failure.message
@@ -138,10 +138,8 @@ def test_http_judge_failures_are_named(judge_url):
     JudgeReward(http_judge(judge_url + "/missing", timeout=5.0))(PROMPT, "8")
   with pytest.raises(JudgeError, match="no score found in judge output '<html>"):
     JudgeReward(http_judge(judge_url + "/garbage", timeout=5.0))(PROMPT, "8")
-  t0 = time.perf_counter()
-  with pytest.raises(JudgeError, match="unreachable or timed out"):
+  with pytest.raises(JudgeError, match="unreachable or timed out"):   # /slow answers after 1 s
     JudgeReward(http_judge(judge_url + "/slow", timeout=0.2))(PROMPT, "8")
-  assert time.perf_counter() - t0 < 1.0
   out = compose([("judge", JudgeReward(http_judge(judge_url + "/missing", timeout=5.0)), 1.0)])(
       [PROMPT], ["8"])
   assert out.failure_counts == {"judge": 1} and "HTTP 500" in out.failures[0].message
