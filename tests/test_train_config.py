@@ -139,3 +139,29 @@ def test_ablation_steps_are_cumulative_for_dapo():
   assert configs["dynamic_sampling"].algo.eps_high == 0.28  # earlier steps stay on
   with pytest.raises(ValueError, match="naive_grpo"):
     load_config("experiments/dapo.py:nope")
+
+
+def test_optimizer_warmup_schedule():
+  """The first update moves the parameters unless a warm-up is asked for: with
+  warmup_steps=0 the learning rate is lr from step 0 (a one-step ramp from 0 made the first
+  update a no-op); with warmup_steps=4 it rises 0, lr/4, lr/2, 3lr/4, then lr."""
+  import jax.numpy as jnp
+  import optax
+
+  from rljax.train.params import make_optimizer
+
+  def first_steps(warmup, n):
+    tx = make_optimizer(1.0, warmup_steps=warmup, weight_decay=0.0, b1=0.0, b2=0.0,
+                        grad_clip=0.0)
+    params, state, moves = jnp.zeros(()), None, []
+    state = tx.init(params)
+    for _ in range(n):
+      updates, state = tx.update(jnp.ones(()), state, params)
+      moves.append(float(-updates))
+      params = optax.apply_updates(params, updates)
+    return moves
+
+  # b1 = b2 = 0: Adam's step is lr * g / (|g| + eps) ~ lr
+  assert first_steps(0, 2) == pytest.approx([1.0, 1.0], rel=1e-6)
+  assert first_steps(4, 6) == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0], rel=1e-6,
+                                            abs=1e-9)

@@ -43,10 +43,18 @@ def policy_params(state: TrainState, *, adapters: bool = True):
 
 
 def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
-  """AdamW with linear warm-up and global-norm clipping (optax)."""
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
-      [max(warmup_steps, 1)])
+  """AdamW with linear warm-up and global-norm clipping (optax).
+
+  The learning rate rises linearly from 0 at step 0 to `lr` at step `warmup_steps`; with
+  `warmup_steps=0` it is `lr` from the first step (a one-step ramp would make the first
+  update a no-op at learning rate 0).
+  """
+  if warmup_steps <= 0:
+    schedule = optax.constant_schedule(lr)
+  else:
+    schedule = optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
+        [warmup_steps])
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
   parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*parts)
