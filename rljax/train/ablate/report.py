@@ -135,7 +135,9 @@ def write(out, report, tables, run_dirs, impact) -> pathlib.Path:
   c = report["compile"]
   seeds = report["steps"][0]["seeds"]
   text = [f"# Ablation: {report['experiment']}", "",
-          f"{len(report['steps'])} steps × seeds {seeds}, {report['wall_s']:.0f} s. "
+          f"{len(report['steps'])} steps × seeds {seeds}, {report['wall_s']:.0f} s"
+          + (f" ({report['runs_reused']} runs read from their finished run directories, "
+             "not trained again)" if report.get("runs_reused") else "") + ". "
           f"Overrides: {report['overrides'] or 'none'}. The arms of a seed share the warm "
           "start, the prompts and the sampling keys; effects are paired over seeds (and over "
           "the held-out prompts for per-prompt outcomes).", "",
