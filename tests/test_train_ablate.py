@@ -197,3 +197,27 @@ def test_a_finished_run_of_another_config_is_named_not_reused_or_overwritten(tmp
   # a field rljax gained since the run (absent from the saved config) is not a difference
   saved["algo"].pop("eps_high")
   assert config_differences(saved, json.loads(other.to_json_best_effort())) == []
+
+
+def test_an_ablation_files_primary_outcome_and_margins_are_checked_before_any_run(tmp_path):
+  """PRIMARY_OUTCOME must be an outcome the runs will have, EQUIVALENCE_MARGINS positive
+  numbers: a typo stops `--check`, not the report after hours of runs."""
+  import pytest
+
+  from rljax.train.ablate.runner import plan
+
+  def experiment(lines):
+    path = tmp_path / f"ab{len(list(tmp_path.iterdir()))}.py"
+    path.write_text("from experiments.dapo import ABLATION_STEPS, MECHANISMS, get_config\n"
+                    + lines)
+    return str(path)
+
+  runs = plan(experiment("PRIMARY_OUTCOME = 'heldout_accuracy'\n"
+                         "EQUIVALENCE_MARGINS = {'heldout_': 0.02, 'update/clip_high': 1e-3}\n"),
+              out_dir=tmp_path / "out", seeds=[0])
+  assert len(runs) == 6
+  for lines, match in (("PRIMARY_OUTCOME = 'heldout_avg@4'\n", "heldout_avg@8"),
+                       ("EQUIVALENCE_MARGINS = {'heldout_': -1}\n", "heldout_"),
+                       ("EQUIVALENCE_MARGINS = 0.03\n", "must be a dict")):
+    with pytest.raises(ValueError, match=match):
+      plan(experiment(lines), out_dir=tmp_path / "out", seeds=[0])

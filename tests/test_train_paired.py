@@ -129,7 +129,10 @@ def test_ablation_report_schema_a_a_control_compile_reuse_and_finished_runs(tmp_
     assert set(effect) >= {"mean", "ci_low", "ci_high", "verdict"}
     assert effect["ci_low"] <= 0 <= effect["ci_high"], outcome
     assert effect["verdict"] not in ("better", "worse"), outcome
-  assert aa["effects_vs_first"] == aa["effects_vs_previous"]
+    assert effect["family"] == "exploratory" and effect["p_adjusted"] == effect["p"]
+  for outcome, effect in aa["effects_vs_first"].items():   # vs first = vs its original here
+    assert effect["mean"] == aa["effects_vs_previous"][outcome]["mean"], outcome
+  assert report["primary"]["outcome"] == "heldout_avg@2" and report["primary"]["steps"] == []
   later = report["compile"]["runs"][1:]
   assert sum(r["cache_misses"] for r in later) == 0 and sum(r["cache_hits"] for r in later) > 0
 

@@ -50,6 +50,16 @@ def per_prompt_outcomes(run_dir, name=PER_PROMPT_FILE) -> dict:
   return out
 
 
+def prompt_ids(run_dir, name=PER_PROMPT_FILE):
+  """The held-out prompt ids the run's per-prompt outcomes are in the order of, int or str
+  [N] (None without a per-prompt file)."""
+  path = pathlib.Path(run_dir) / name
+  if not path.exists():
+    return None
+  with np.load(path) as data:
+    return data["prompt_id"] if "prompt_id" in data.files else None
+
+
 def run_outcomes(run_dir, mechanisms=()) -> dict:
   """Every outcome of one run: per-prompt arrays and run-level floats."""
   records = read_records(run_dir)
@@ -59,6 +69,17 @@ def run_outcomes(run_dir, mechanisms=()) -> dict:
   for key in mechanisms:
     out[key] = _mean(records, key)
   return out
+
+
+def expected_outcomes(config, mechanisms=()) -> list:
+  """The outcome names `run_outcomes` gives a run of `config` (before it runs)."""
+  r = config.sampling
+  names = ["heldout_accuracy"]
+  if r.eval_n:
+    names.append(f"heldout_avg@{r.eval_n}")
+  if r.eval_passk_n and r.eval_passk_n > r.eval_n:
+    names.append(f"heldout_pass@{r.eval_passk_n}")
+  return names + ["train_reward_auc", "final_entropy", *mechanisms]
 
 
 def start_diagnostics(run_dir) -> dict:

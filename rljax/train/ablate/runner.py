@@ -22,7 +22,12 @@ from rljax.analysis.runs import load_batch, read_records
 from rljax.train.ablate import report as report_lib
 from rljax.train.ablate.compile_cache import CompileCounter, enable_persistent_cache
 from rljax.train.ablate.finished import finished_runs
-from rljax.train.ablate.outcomes import run_outcomes, start_diagnostics
+from rljax.train.ablate.outcomes import (
+    expected_outcomes,
+    prompt_ids,
+    run_outcomes,
+    start_diagnostics,
+)
 from rljax.train.ablate.table import summarize
 from rljax.train.config import import_experiment, load_config, parse_override_value
 from rljax.train.run import provenance
@@ -111,7 +116,30 @@ def plan(experiment, *, out_dir=None, overrides=(), seeds=None, steps=None, aa=F
       if seed is not None:
         extra["run.seed"] = seed
       runs.append((step, seed, load_config(f"{experiment}:{base}", {**sets, **extra})))
+  check_verdict_settings(module, runs[0][2])
   return runs
+
+
+def check_verdict_settings(module, config) -> None:
+  """The experiment file's `PRIMARY_OUTCOME` (an outcome its runs will have) and
+  `EQUIVALENCE_MARGINS` ({outcome name or prefix: margin > 0}), checked before any run.
+
+  Raises:
+    ValueError: naming the setting and the allowed values.
+  """
+  outcomes = expected_outcomes(config, getattr(module, "MECHANISMS", {}).values())
+  primary = getattr(module, "PRIMARY_OUTCOME", None)
+  if primary is not None and primary not in outcomes:
+    raise ValueError(f"PRIMARY_OUTCOME={primary!r} is not an outcome of these runs; "
+                     f"outcomes: {outcomes}")
+  margins = getattr(module, "EQUIVALENCE_MARGINS", None) or {}
+  if not isinstance(margins, dict):
+    raise ValueError(f"EQUIVALENCE_MARGINS must be a dict {{outcome or prefix: margin}}, got "
+                     f"{type(margins).__name__}")
+  for name, margin in margins.items():
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
+      raise ValueError(f"EQUIVALENCE_MARGINS[{name!r}]={margin!r}: a margin is a number > 0 in "
+                       "the outcome's units (0.03 = 3 points of a fraction)")
 
 
 def runs_provenance(run_dirs) -> dict:
@@ -145,31 +173,47 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None, steps=No
   out.mkdir(parents=True, exist_ok=True)
   cache_dir = enable_persistent_cache(out / "jax_cache")
   counter = CompileCounter()
-  mechanisms = dict(getattr(import_experiment(path), "MECHANISMS", {}))
+  module = import_experiment(path)
+  mechanisms = dict(getattr(module, "MECHANISMS", {}))
   tracked = sorted(set(mechanisms.values()))
-  results, tables, run_dirs, variants, starts, compiles = {}, {}, {}, {}, {}, []
   t0 = time.perf_counter()
   done = finished_runs(runs, report_only=report_only)
-  for (step, seed, config), result in zip(runs, done):
-    if result is None:
-      before = counter.snapshot()
-      result = train(config)
-      compiles.append({"step": step, "seed": seed, **counter.since(before, counter.snapshot())})
-    run_dir = config.run.dir
-    run_dirs.setdefault(step, []).append(run_dir)
-    results.setdefault(step, []).append(run_outcomes(run_dir, tracked))
-    tables.setdefault(step, []).append(summarize(result, read_records(run_dir)))
-    variants[step] = analysis.variant_from_config(config, name=step)
-    starts.setdefault(seed, start_diagnostics(run_dir))
-    (out / "results.json").write_text(json.dumps(tables, indent=2))
-  report = effects_report(results, seeds=list(seeds) if seeds else None,
-                          lower_is_better=LOWER_IS_BETTER)
+  got = _run_all(runs, done, out, counter, tracked)
+  report = effects_report(got["results"], seeds=list(seeds) if seeds else None,
+                          lower_is_better=LOWER_IS_BETTER, prompt_ids=got["ids"],
+                          primary_outcome=getattr(module, "PRIMARY_OUTCOME", None),
+                          margins=getattr(module, "EQUIVALENCE_MARGINS", None))
+  run_dirs, tables = got["run_dirs"], got["tables"]
   report.update(experiment=path.name, overrides={k: str(v) for k, v in parse_sets(
-      overrides).items()}, mechanisms=mechanisms, starts={str(k): v for k, v in starts.items()},
-      compile=report_lib.compile_summary(compiles, cache_dir),
+      overrides).items()}, mechanisms=mechanisms,
+      starts={str(k): v for k, v in got["starts"].items()},
+      compile=report_lib.compile_summary(got["compiles"], cache_dir),
       wall_s=round(time.perf_counter() - t0, 1), runs_reused=sum(r is not None for r in done),
       runs_wall_s=round(sum(r["wall_s"] for rows in tables.values() for r in rows), 1),
       provenance=runs_provenance([d for dirs in run_dirs.values() for d in dirs]))
   first = next(iter(run_dirs))
-  impact = analysis.impact_section(variants, out, batch=load_batch(run_dirs[first][0]))
+  impact = analysis.impact_section(got["variants"], out, batch=load_batch(run_dirs[first][0]))
   return report_lib.write(out, report, tables, run_dirs, impact)
+
+
+def _run_all(runs, done, out, counter, tracked) -> dict:
+  """Trains every run without a finished result (`done[i]` None) and reads every run's
+  outcomes, prompt ids, table cells and start; {"results", "ids", "tables", "run_dirs",
+  "variants", "starts", "compiles"}, each keyed by step (starts: by seed)."""
+  got = {key: {} for key in ("results", "ids", "tables", "run_dirs", "variants", "starts")}
+  got["compiles"] = []
+  for (step, seed, config), result in zip(runs, done):
+    if result is None:
+      before = counter.snapshot()
+      result = train(config)
+      got["compiles"].append({"step": step, "seed": seed,
+                              **counter.since(before, counter.snapshot())})
+    run_dir = config.run.dir
+    got["run_dirs"].setdefault(step, []).append(run_dir)
+    got["results"].setdefault(step, []).append(run_outcomes(run_dir, tracked))
+    got["ids"].setdefault(step, []).append(prompt_ids(run_dir))
+    got["tables"].setdefault(step, []).append(summarize(result, read_records(run_dir)))
+    got["variants"][step] = analysis.variant_from_config(config, name=step)
+    got["starts"].setdefault(seed, start_diagnostics(run_dir))
+    (out / "results.json").write_text(json.dumps(got["tables"], indent=2))
+  return got
