@@ -105,6 +105,6 @@ def test_a_reward_that_is_not_a_number_is_a_contained_failure_named_once(capsys)
   assert {f.kind for f in out.failures} == {"not_a_number"}
   assert "returned str '0.5', not a number" in out.failures[0].message
   np.testing.assert_allclose(out.total, [0.25, 1.25])
-  lines = failure_lines(out.failures, 2)
+  lines = failure_lines(out.failures, 2, scorer.reported)
   assert len(lines) == 3 and "'text' failed on 2 of 2 samples (first: prompt p0)" in lines[0]
-  assert failure_lines(out.failures, 2) == []           # the next batch: already named
+  assert failure_lines(out.failures, 2, scorer.reported) == []   # the next batch: named

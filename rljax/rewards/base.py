@@ -83,6 +83,7 @@ class Composite:
       raise ValueError(f"compose: component names must be unique and non-empty, got {names}")
     self._pool = None
     self.abandoned_threads = 0
+    self.reported = set()   # kinds of failure already named to the user (by the trainer)
 
   def _call(self, fn, prompt, completion):
     if self.timeout is None:

@@ -187,13 +187,26 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None, steps=No
   report.update(experiment=path.name, overrides={k: str(v) for k, v in parse_sets(
       overrides).items()}, mechanisms=mechanisms,
       starts={str(k): v for k, v in got["starts"].items()},
-      compile=report_lib.compile_summary(got["compiles"], cache_dir),
-      wall_s=round(time.perf_counter() - t0, 1), runs_reused=sum(r is not None for r in done),
+      **_timing(out, got["compiles"], cache_dir, time.perf_counter() - t0),
+      runs_reused=sum(r is not None for r in done),
       runs_wall_s=round(sum(r["wall_s"] for rows in tables.values() for r in rows), 1),
       provenance=runs_provenance([d for dirs in run_dirs.values() for d in dirs]))
   first = next(iter(run_dirs))
   impact = analysis.impact_section(got["variants"], out, batch=load_batch(run_dirs[first][0]))
   return report_lib.write(out, report, tables, run_dirs, impact)
+
+
+def _timing(out, compiles, cache_dir, seconds) -> dict:
+  """{"compile", "wall_s"} of this call; when it trained nothing (a report rebuilt from
+  finished runs), the compile counts and wall time of the report.json it replaces, whose
+  runs these are, and this call's seconds as "rebuild_s"."""
+  previous = pathlib.Path(out) / "report.json"
+  if compiles or not previous.is_file():
+    return {"compile": report_lib.compile_summary(compiles, cache_dir),
+            "wall_s": round(seconds, 1)}
+  old = json.loads(previous.read_text())
+  return {"compile": old.get("compile", report_lib.compile_summary(compiles, cache_dir)),
+          "wall_s": old.get("wall_s", round(seconds, 1)), "rebuild_s": round(seconds, 1)}
 
 
 def _run_all(runs, done, out, counter, tracked) -> dict:
