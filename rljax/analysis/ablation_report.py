@@ -215,8 +215,8 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
   fig, axes = plt.subplots(1, max(1, len(outcomes)), squeeze=False, layout="constrained",
                            figsize=(4.2 * max(1, len(outcomes)), 0.5 * len(steps) + 1.6))
   y = np.arange(len(steps))[::-1]
-  series = (("effects_vs_previous", "vs previous", "o", "tab:blue", 0.15),
-            ("effects_vs_first", "vs first", "s", "tab:orange", -0.15))
+  series = (("effects_vs_previous", "marginal (vs previous)", "o", "tab:blue", 0.15),
+            ("effects_vs_first", "cumulative (vs first)", "s", "tab:orange", -0.15))
   for ax, outcome in zip(axes[0], outcomes):
     scale = 100.0 if outcome in pts else 1.0
     for key, label, marker, color, dy in series:
