@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from rljax.analysis.ablation_markdown import cell, number, p_value, primary_markdown
+from rljax.analysis.ablation_markdown import cell, p_value, primary_markdown
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REPORT = ROOT / "docs" / "results" / "dapo.json"
@@ -49,9 +49,10 @@ def provenance(report) -> str:
   """Where the numbers come from: the runs' commit, JAX, the CPU, the runs' time."""
   p = report["provenance"]
   steps, seeds = len(report["steps"]), len(report["steps"][0]["seeds"])
+  commits = " and ".join(f"`{c.strip()[:10]}`" for c in p["commit"].split("|"))
   return (f"From `docs/results/dapo.json`: {steps} steps × {seeds} seeds, runs at commit "
-          f"`{p['commit'][:12]}` (JAX {p['jax']}, {p['cpu']}), "
-          f"{report['runs_wall_s'] / 60:.0f} min of runs on a shared machine.")
+          f"{commits} (JAX {p['jax']}, {p['cpu']}), {report['runs_wall_s'] / 60:.0f} min of "
+          "runs (the sum of the runs' wall times, on a machine shared with other jobs).")
 
 
 def levels(report) -> str:
@@ -69,10 +70,14 @@ def _mechanism(report, step, prev) -> str:
     return ""
   label, pts = MECHANISMS.get(metric, (metric, False))
   before, after = prev["means"][metric], step["means"][metric]
-  effect = step["effects_vs_previous"][metric]
-  unit = " %" if pts else ""
-  return (f"{label}: {number(before, pts, sign=False)} → {number(after, pts, sign=False)}{unit};"
-          f" {cell(effect, pts)}")
+  e = step["effects_vs_previous"][metric]
+  scale, unit = (100.0, " %") if pts else (1.0, "")
+  fmt = lambda x, sign="": f"{scale * x:{sign}.3g}"   # noqa: E731
+  interval = f"{fmt(e['mean'], '+')} [{fmt(e['ci_low'], '+')}, {fmt(e['ci_high'], '+')}]"
+  moved = e["ci_low"] > 0 or e["ci_high"] < 0   # the direction is the finding, not a verdict
+  where = ("rises" if e["ci_low"] > 0 else "falls") if moved else "unresolved"
+  return (f"{label}: {fmt(before)} → {fmt(after)}{unit}; {interval}{' pts' if pts else ''} "
+          f"{where}")
 
 
 def readme_table(report) -> str:
