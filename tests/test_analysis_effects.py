@@ -58,6 +58,9 @@ def test_iqm_golden():
   assert effects.iqm([10.0, 1.0, 3.0, 2.0]) == pytest.approx(2.5)
   assert effects.iqm([4.0, 1.0, 3.0]) == pytest.approx(8.0 / 3.0)   # K < 4: nothing cut
   assert effects.paired_effect([1.0, 2.0, 3.0, 10.0], [0.0] * 4).iqm == pytest.approx(2.5)
+  from scipy import stats
+  x = np.random.default_rng(0).normal(size=11)                # ⌊11/4⌋ = 2 cut at each end
+  assert effects.iqm(x) == pytest.approx(stats.trim_mean(x, 0.25), rel=1e-12)
 
 
 def test_t_interval_of_three_numbers():
@@ -67,7 +70,7 @@ def test_t_interval_of_three_numbers():
   assert (e.ci_low, e.ci_high) == pytest.approx((2.0 - half, 2.0 + half), rel=1e-9)
   assert e.half_width == pytest.approx(half)
   assert (e.se, e.df, e.n_seeds, e.n_prompts) == pytest.approx((1 / math.sqrt(3), 2, 3, 0))
-  assert e.verdict == "none"
+  assert e.verdict == "unresolved"
   shifted = effects.paired_effect([3.0, 4.0, 5.0], [1.0, 1.0, 1.0])   # d = 2, 3, 4
   assert shifted.ci_low == pytest.approx(3.0 - half) and shifted.ci_low > 0
   assert shifted.verdict == "better"
@@ -100,9 +103,9 @@ def test_identical_arms():
   e = effects.paired_effect(a, a.copy())
   assert e.mean == 0.0 and e.iqm == 0.0
   assert e.ci_low <= 0.0 <= e.ci_high
-  assert e.verdict == "none"
+  assert e.verdict == "unresolved"
   run = effects.paired_effect(a[:, 0], a[:, 0].copy())
-  assert run.mean == 0.0 and run.verdict == "none"
+  assert run.mean == 0.0 and run.verdict == "unresolved"
 
 
 def test_arms_from_one_process_give_no_verdict():
@@ -110,7 +113,7 @@ def test_arms_from_one_process_give_no_verdict():
   arm_b, arm_a = _simulate(1, 6, 256, theta=0.0, sd_seed=0.02, sd_prompt=0.05, sd_cell=0.3,
                            rng=rng)
   e = effects.paired_effect(arm_b[0], arm_a[0])
-  assert e.ci_low <= 0.0 <= e.ci_high and e.verdict == "none"
+  assert e.ci_low <= 0.0 <= e.ci_high and e.verdict == "unresolved"
   assert e.half_width < 0.05
 
 
@@ -153,7 +156,7 @@ def test_non_finite_pairs_dropped_and_one_seed_gives_no_interval():
   assert effects.paired_effect(b, a).n_prompts == 4
   single = effects.paired_effect([0.7], [0.5])
   assert single.mean == pytest.approx(0.2) and math.isnan(single.ci_low)
-  assert single.verdict == "none"
+  assert single.verdict == "unresolved"
   with pytest.raises(ValueError):
     effects.paired_effect(np.zeros((3, 4)), np.zeros((3, 5)))
 
@@ -164,6 +167,14 @@ def test_pass_at_k_outcome_matches_exact_binomial_ratio():
   ref = [[1 - math.comb(8 - c, 3) / math.comb(8, 3) for c in row] for row in counts]
   assert out.dtype == np.float64 and out.shape == (2, 4)
   np.testing.assert_allclose(out, ref, atol=1e-6)
+
+
+def _estimates(effects_by_outcome):
+  """The estimates of a report's effects (what vs-previous and vs-first share when the
+  previous step is the first), without the family, adjusted p's and verdict."""
+  return {o: {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in e.items()
+              if k in effects.Effect._fields and k != "verdict"}
+          for o, e in effects_by_outcome.items()}
 
 
 def _toy_results():
@@ -189,7 +200,7 @@ def test_report_schema_on_two_steps_and_two_seeds():
   assert first["effects_vs_previous"] == {} and first["effects_vs_first"] == {}
   assert list(first["means"]) == ["heldout_avg@8", "entropy", "wall_s"]   # tuples ignored
   assert first["means"]["entropy"] == pytest.approx(0.65)
-  assert second["effects_vs_previous"] == second["effects_vs_first"]
+  assert _estimates(second["effects_vs_previous"]) == _estimates(second["effects_vs_first"])
   required = {"mean", "ci_low", "ci_high", "verdict", "half_width", "iqm", "se", "df",
               "detectable", "n_seeds", "n_prompts", "level"}
   for outcome, effect in second["effects_vs_previous"].items():
@@ -205,7 +216,7 @@ def test_report_schema_on_two_steps_and_two_seeds():
   assert entropy["level"] == "run" and entropy["mean"] == pytest.approx(0.35)
   # d = 0.3, 0.4: t interval 0.35 ± 12.706·0.05 (t_{0.975,1} = 12.706)
   assert entropy["half_width"] == pytest.approx(12.706204736174698 * 0.05)
-  assert entropy["verdict"] == "none"
+  assert entropy["verdict"] == "unresolved"
   wall = second["effects_vs_previous"]["wall_s"]
   assert wall["mean"] == pytest.approx(1.5)
 
@@ -231,7 +242,7 @@ def test_a_repeated_step_is_compared_with_the_step_it_repeats():
   report = ablation_report.effects_report(steps)
   repeat, orphan = report["steps"][2], report["steps"][3]
   assert repeat["effects_vs_previous"]["x"]["mean"] == pytest.approx(0.5)   # vs a, not b
-  assert repeat["effects_vs_previous"] == repeat["effects_vs_first"]
+  assert _estimates(repeat["effects_vs_previous"]) == _estimates(repeat["effects_vs_first"])
   assert orphan["effects_vs_previous"]["x"]["mean"] == pytest.approx(1.5)   # vs a@aa
 
 
@@ -245,13 +256,20 @@ def test_markdown_table_and_forest_plot(tmp_path):
   report = ablation_report.effects_report(results, n_boot=500)
   text = ablation_report.effects_markdown(report)
   lines = text.splitlines()
-  header = next(line for line in lines if line.startswith("| step"))
-  assert header == "| step | heldout_avg@8 (pts) | entropy |"
-  assert text.count("| naive (level) |") == 2                # vs previous, vs first
-  row = next(line for line in lines if line.startswith("| clip_higher |"))
-  assert re.search(r"\| \+1[0-9]\.\d \[\+\d+\.\d, \+\d+\.\d\] better \|", row), row
-  assert re.search(r"none \([+-]\d+\.\d ± \d+\.\d\)|\] (better|worse)",
-                   next(line for line in lines if line.startswith("| overlong |")))
+  assert report["primary"]["outcome"] == "heldout_avg@8"
+  assert report["primary"]["steps"] == ["overlong", "clip_higher"]
+  header = [line for line in lines if line.startswith("| step")]
+  assert header[0].startswith("| step | effect (pts) [95 % CI] | p interval | p sign-flip |")
+  assert header[1:] == ["| step | heldout_avg@8 (pts) | entropy |"] * 2   # marginal, cumulative
+  assert text.count("| naive (level) |") == 2
+  # 4 seeds: the sign-flip p is at least 2/16, so the primary family decides nothing
+  primary_row, marginal_row, cumulative_row = [line for line in lines
+                                               if line.startswith("| clip_higher |")]
+  assert primary_row.endswith("| 0.12 | 0.25 | unresolved |"), primary_row
+  assert re.search(r"\| unresolved \(\+1[0-9]\.\d \[\+\d+\.\d, \+\d+\.\d\]\) † \|", marginal_row)
+  assert re.search(r"\| \+1[0-9]\.\d \[\+\d+\.\d, \+\d+\.\d\] better \|", cumulative_row)
+  assert "no step of this family can read better, worse or equivalent; that takes 7 seeds" in text
+  assert "6 of them" in text and "about 0.3 of them would read better or worse" in text
   assert "Smallest effects detectable" in text and "4 seeds and 64 prompts" in text
   path = ablation_report.plot_effects(report, tmp_path / "forest.png")
   assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

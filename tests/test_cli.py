@@ -142,7 +142,7 @@ def test_ablate_validates_every_step_and_seed_with_the_same_values():
 def test_ablate_hands_the_runner_values_it_reads_back_exactly(monkeypatch, capsys):
   seen = {}
 
-  def fake_run_ablation(experiment, *, out_dir, overrides, seeds, steps):
+  def fake_run_ablation(experiment, *, out_dir, overrides, seeds, steps, aa, report_only):
     seen.update(experiment=experiment, out_dir=out_dir, seeds=seeds, steps=steps,
                 values={k: parse_override_value(v) for k, v in
                         (item.split("=", 1) for item in overrides)})

@@ -87,3 +87,24 @@ def test_task_accuracy_reward_composes_with_task_verifier():
     prompts, completions)
   np.testing.assert_array_equal(out.components["acc"], [1, 1, 0, 0])
   np.testing.assert_array_equal(out.components["fmt"], [1, 1, 1, 0])
+
+
+def test_a_reward_that_is_not_a_number_is_a_contained_failure_named_once(capsys):
+  """The string "0.5" is not a reward (float("0.5") would accept it silently), nor is a
+  mapping without a numeric "score"; NumPy scalars and bools are numbers. Each sample fails
+  and is counted; the failure is named once per process, not once per sample or batch."""
+  from rljax.train.rollout.context import failure_lines
+
+  scorer = compose([("text", lambda p, c: "0.5", 1.0),
+                    ("dict", lambda p, c: {"score": "1", "len": 3.0}, 1.0),
+                    ("nokey", lambda p, c: {"value": 1.0}, 1.0),
+                    ("np", lambda p, c: np.float32(0.25), 1.0),
+                    ("flag", lambda p, c: p.id == "p1", 1.0)], timeout=None)
+  out = scorer(P, C)
+  assert out.failure_counts == {"text": 2, "dict": 2, "nokey": 2, "np": 0, "flag": 0}
+  assert {f.kind for f in out.failures} == {"not_a_number"}
+  assert "returned str '0.5', not a number" in out.failures[0].message
+  np.testing.assert_allclose(out.total, [0.25, 1.25])
+  lines = failure_lines(out.failures, 2, scorer.reported)
+  assert len(lines) == 3 and "'text' failed on 2 of 2 samples (first: prompt p0)" in lines[0]
+  assert failure_lines(out.failures, 2, scorer.reported) == []   # the next batch: named

@@ -91,10 +91,15 @@ def test_dynamic_sampling_rounds_do_not_shift_the_next_iterations_prompts(tmp_pa
   assert drawn["plain"][0] != drawn["plain"][1]
 
 
-def test_ablation_report_schema_a_a_control_and_compile_reuse(tmp_path):
-  """A 2-step (a step and its A/A copy), 2-seed, 2-iteration ablation: report.json has the
-  documented schema, the A/A effect's interval covers 0, and the runs after the first
-  compile nothing the first did not (a count of persistent-cache misses)."""
+def test_ablation_report_schema_a_a_control_compile_reuse_and_finished_runs(tmp_path,
+                                                                           monkeypatch):
+  """A 2-step (a step and its A/A copy, `aa=True`), 3-seed, 2-iteration ablation: the copy's
+  first rollout differs from the original's on every seed (its own sampling noise), the
+  report has the documented schema, the A/A effect's interval covers 0, the runs after the
+  first compile nothing the first did not (a count of persistent-cache misses), and running
+  it again trains nothing: it reads the finished runs and rebuilds the same effects."""
+  from rljax.train.ablate import runner
+
   sets = [f"{k}={v}" for k, v in {
       "run.iterations": 2, "model.hidden_size": 32, "model.intermediate_size": 64,
       "model.num_layers": 1, "model.num_heads": 2, "model.num_kv_heads": 1, "model.head_dim": 16,
@@ -103,18 +108,40 @@ def test_ablation_report_schema_a_a_control_and_compile_reuse(tmp_path):
       "sampling.eval_passk_n": 4, "sampling.eval_passk_prompts": 8, "algo.minibatches": 2,
       "algo.overlong_cache_len": 4, "run.progress": False,
       "task.reward_fns": '["tests/signal_rewards.py:digit_share"]'}.items()]
-  path = run_ablation("experiments/dapo.py", out_dir=tmp_path / "ab", overrides=sets,
-                      seeds=[0, 1], steps=["naive_grpo", "naive_grpo@aa"])
+  options = dict(out_dir=tmp_path / "ab", overrides=sets, seeds=[0, 1, 2],
+                 steps=["naive_grpo"], aa=True)
+  path = run_ablation("experiments/dapo.py", **options)
   report = json.loads((tmp_path / "ab" / "report.json").read_text())
   assert path.exists() and (tmp_path / "ab" / "effects.png").exists()
   assert [s["name"] for s in report["steps"]] == ["naive_grpo", "naive_grpo@aa"]
+  assert report["provenance"]["jax"] == jax.__version__
+  assert report["provenance"]["commit"] and report["provenance"]["cpu"]
+  for seed in range(3):
+    first = [read_records(tmp_path / "ab" / step / f"seed{seed}")[0]
+             for step in ("naive_grpo", "naive_grpo@aa")]
+    keys = ("train/sampled_score", "train/response_length_mean", "train/entropy_rollout")
+    assert [first[0][k] for k in keys] != [first[1][k] for k in keys], seed
   first, aa = report["steps"]
-  assert first["seeds"] == aa["seeds"] == [0, 1]
+  assert first["seeds"] == aa["seeds"] == [0, 1, 2]
   assert first["effects_vs_previous"] == {} and first["effects_vs_first"] == {}
   for outcome in ("heldout_avg@2", "heldout_pass@4", "heldout_accuracy", "train_reward_auc"):
     effect = aa["effects_vs_previous"][outcome]
     assert set(effect) >= {"mean", "ci_low", "ci_high", "verdict"}
-    assert effect["ci_low"] <= 0 <= effect["ci_high"] and effect["verdict"] == "none", outcome
-  assert aa["effects_vs_first"] == aa["effects_vs_previous"]
+    assert effect["ci_low"] <= 0 <= effect["ci_high"], outcome
+    assert effect["verdict"] not in ("better", "worse"), outcome
+    assert effect["family"] == "exploratory" and effect["p_adjusted"] == effect["p"]
+  for outcome, effect in aa["effects_vs_first"].items():   # vs first = vs its original here
+    assert effect["mean"] == aa["effects_vs_previous"][outcome]["mean"], outcome
+  assert report["primary"]["outcome"] == "heldout_avg@2" and report["primary"]["steps"] == []
   later = report["compile"]["runs"][1:]
   assert sum(r["cache_misses"] for r in later) == 0 and sum(r["cache_hits"] for r in later) > 0
+
+  def no_training(config):
+    raise AssertionError(f"trained {config.run.dir} again")
+
+  monkeypatch.setattr(runner, "train", no_training)
+  run_ablation("experiments/dapo.py", **options, report_only=True)
+  again = json.loads((tmp_path / "ab" / "report.json").read_text())
+  assert again["runs_reused"] == 6 and "rebuild_s" in again
+  assert again["compile"] == report["compile"] and again["wall_s"] == report["wall_s"]
+  assert again["steps"] == report["steps"]

@@ -50,7 +50,11 @@ def test_failing_reward_is_contained_and_counted(kind, tmp_path, monkeypatch, ca
   assert math.isfinite(record["update/loss"]) and math.isfinite(record["train/reward"])
   out = capsys.readouterr().out
   expected = {"raise": "exception", "hang": "timeout", "nan": "non_finite"}[kind]
-  assert "failed on prompt arithmetic-" in out and expected in out
+  assert "(first: prompt arithmetic-" in out and expected in out
+  # each failing component (the verifier feeds `accuracy` and `format`) is named once, not
+  # once per sample or per batch (training and both evaluations fail too)
+  named = [line.split("'")[1] for line in out.splitlines() if line.startswith("[rljax] reward")]
+  assert sorted(named) == sorted(set(named)) and record["train/reward_failures"] > len(named)
 
 
 def test_failing_reward_can_stop_the_run(tmp_path, monkeypatch):

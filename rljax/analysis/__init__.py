@@ -4,8 +4,10 @@ Per iteration: `token_statistics` (entropy quantiles, entropy by advantage sign,
 Cov(log π, A), clipped tokens by probability). Per batch and pair of loss variants:
 `impact_report` (effective gradient weights, bucketed) with `format_impact_table` and
 `plot_impact`. Evaluation: `pass_at_k_curve`, `avg_at_k`, `plot_pass_at_k`. Ablations:
-`paired_effect` (paired effect of one step over another, calibrated interval, verdict),
-`detectable_effect`, `effects_report` with `effects_markdown` and `plot_effects`.
+`paired_effect` (paired effect of one step over another, calibrated interval, p-values,
+verdict), `detectable_effect`, `effects_report` (primary family Holm-adjusted, the rest
+exploratory) with `effects_markdown` and `plot_effects`; the tests behind the verdicts
+(`sign_flip_pvalue`, `holm`) are in `rljax.analysis.verdicts`.
 """
 
 from rljax.analysis.ablation_report import effects_markdown, effects_report, plot_effects

@@ -1,7 +1,8 @@
 """The ablation report's statistics: every step's paired effect on every outcome, against
-the previous and the first step (`effects_report`), as a markdown table
-(`effects_markdown`) and a forest plot (`plot_effects`). The statistics themselves are in
-`rljax.analysis.effects`.
+the previous (marginal) and the first step (cumulative), with the primary family's
+verdicts (`effects_report`), and a forest plot (`plot_effects`); the markdown is
+`rljax.analysis.ablation_markdown`. The statistics themselves are in
+`rljax.analysis.effects` and `rljax.analysis.verdicts`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ import math
 
 import numpy as np
 
-from rljax.analysis.effects import (
-    PERCENT_OUTCOMES,
-    paired_effect,
-)
+from rljax.analysis.ablation_markdown import effects_markdown, percent_outcomes
+from rljax.analysis.effects import paired_effect
 from rljax.analysis.plots import pyplot, save_figure
+from rljax.analysis.verdicts import assign_families
+
+# Smallest effects of interest (outcome units) by outcome-name prefix: 3 points of held-out
+# accuracy, avg@n and pass@k, and 0.03 of the train reward's AUC (a reward on [0, 1]).
+# Entropy and the mechanism metrics have no natural margin: no equivalence verdict.
+DEFAULT_MARGINS = {"heldout_avg@": 0.03, "heldout_accuracy": 0.03, "heldout_pass@": 0.03,
+                   "train_reward_auc": 0.03}
 
 
 def _outcome_value(value):
@@ -62,10 +68,57 @@ def _previous(names, i):
   return repeated if "@" in names[i] and repeated in names[:i] else names[i - 1]
 
 
+def check_pairing(prompt_ids, seeds) -> None:
+  """Stops the report unless every step and seed evaluated the same held-out prompts in
+  the same order: per-prompt outcomes are paired by position.
+
+  Args:
+    prompt_ids: {step: [prompt ids, array [N], per seed]} in the report's order.
+    seeds: seed ids, for the message.
+  Raises:
+    ValueError: naming the first step and seed whose ids differ, and where.
+  """
+  if all(ids is None for runs in prompt_ids.values() for ids in runs):
+    return   # no per-prompt outcomes
+  (first_step, first_runs), = list(prompt_ids.items())[:1]
+  reference = np.asarray(first_runs[0])
+  for step, runs in prompt_ids.items():
+    for seed, ids in zip(seeds, runs):
+      ids = np.asarray(ids)
+      if ids.shape == reference.shape and np.array_equal(ids, reference):
+        continue
+      where = (f"sizes {ids.size} and {reference.size}" if ids.shape != reference.shape else
+               f"position {int(np.flatnonzero(ids != reference)[0])}")
+      raise ValueError(f"step {step!r}, seed {seed}: its held-out prompt ids differ from step "
+                       f"{first_step!r}, seed {seeds[0]} ({where}); per-prompt outcomes are "
+                       "paired by position, so no report is written")
+
+
+def margin_for(outcome, margins) -> float | None:
+  """The smallest effect of interest of `outcome`: the entry of `margins` ({outcome name or
+  name prefix: margin}) with the longest matching name, or None."""
+  matches = [key for key in margins if outcome.startswith(key)]
+  return margins[max(matches, key=len)] if matches else None
+
+
+def primary_outcome_of(outcomes, primary=None) -> str | None:
+  """The primary outcome: `primary` (checked), else the first held-out avg@n, else greedy
+  held-out accuracy, else None (no primary family)."""
+  if primary is not None:
+    if primary not in outcomes:
+      raise ValueError(f"PRIMARY_OUTCOME {primary!r} is not an outcome of this ablation; "
+                       f"outcomes: {list(outcomes)}")
+    return primary
+  return next((o for o in outcomes if o.startswith("heldout_avg@")),
+              "heldout_accuracy" if "heldout_accuracy" in outcomes else None)
+
+
 def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boot=2000,
-                   rng_seed=0, lower_is_better=()):
-  """Machine-readable ablation report: the paired effect of every step vs the previous and
-  vs the first step, for every outcome.
+                   rng_seed=0, lower_is_better=(), prompt_ids=None, primary_outcome=None,
+                   margins=None):
+  """Machine-readable ablation report: the paired effect of every step vs the previous
+  (marginal) and vs the first step (cumulative), for every outcome, with the verdicts of
+  `rljax.analysis.verdicts.assign_families`.
 
   Args:
     results: {step name: [per-seed dict outcome name -> float | float [N]]}, steps in
@@ -78,14 +131,21 @@ def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boo
       of one kind throughout).
     confidence, n_boot, rng_seed: passed to `paired_effect`.
     lower_is_better: outcome names for which a decrease is "better".
+    prompt_ids: {step: [held-out prompt ids per seed]}: checked equal everywhere
+      (`check_pairing`) before anything is compared.
+    primary_outcome: the outcome of the primary family (default `primary_outcome_of`).
+    margins: {outcome name or prefix: smallest effect of interest} (default
+      `DEFAULT_MARGINS`; merged over it).
   Returns:
-    {"confidence": float, "steps": [{"name": step, "seeds": [...], "means": {outcome: mean
-    over seeds and prompts}, "effects_vs_previous" (a repeat `STEP@LABEL`: vs STEP, its A/A
-    control): {outcome: Effect.to_dict() plus
-    "level" ("prompt" | "run")}, "effects_vs_first": {...}}, ...]}; the first step's effect
-    dicts are empty.
+    {"confidence", "primary": {"outcome", "comparison", "steps", "alpha"}, "margins",
+    "steps": [{"name": step, "seeds": [...], "means": {outcome: mean over seeds and
+    prompts}, "effects_vs_previous" (a repeat `STEP@LABEL`: vs STEP, its A/A control):
+    {outcome: Effect.to_dict() plus "level" ("prompt" | "run"), "comparison" ("marginal" |
+    "cumulative"), "family", "p", "p_adjusted", "p_equivalence", "p_equivalence_adjusted",
+    "verdict"}, "effects_vs_first": {...}}, ...]}; the first step's effect dicts are empty.
   Raises:
-    ValueError: if steps have different numbers of seeds or per-prompt sizes differ.
+    ValueError: if steps have different numbers of seeds, per-prompt sizes or prompt ids
+      differ, or the primary outcome is not an outcome.
   """
   if not results:
     raise ValueError("effects_report needs at least one step")
@@ -96,20 +156,26 @@ def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boo
   seeds = list(range(n_seeds)) if seeds is None else list(seeds)
   if len(seeds) != n_seeds:
     raise ValueError(f"{len(seeds)} seed ids for {n_seeds} runs per step")
+  if prompt_ids:
+    check_pairing(prompt_ids, seeds)
   outcomes = _outcomes(results) if outcomes is None else list(outcomes)
+  primary = primary_outcome_of(outcomes, primary_outcome)
+  margins = {**DEFAULT_MARGINS, **(margins or {})}
   stacked = {step: {o: _stack(runs, o, step) for o in outcomes} for step, runs in results.items()}
   names = list(results)
 
-  def compare(step_b, step_a):
+  def compare(step_b, step_a, comparison):
     out = {}
     for outcome in outcomes:
       b, a = stacked[step_b][outcome], stacked[step_a][outcome]
       if b.shape != a.shape:
         raise ValueError(f"outcome {outcome!r}: {step_b} has shape {b.shape}, {step_a} "
                          f"{a.shape}")
+      better_up = outcome not in lower_is_better
       effect = paired_effect(b, a, confidence=confidence, n_boot=n_boot, rng_seed=rng_seed,
-                             higher_is_better=outcome not in lower_is_better)
-      out[outcome] = {**effect.to_dict(), "level": "prompt" if b.ndim == 2 else "run"}
+                             higher_is_better=better_up, margin=margin_for(outcome, margins))
+      out[outcome] = {**effect.to_dict(), "level": "prompt" if b.ndim == 2 else "run",
+                      "comparison": comparison, "higher_is_better": better_up}
     return out
 
   steps = []
@@ -117,93 +183,21 @@ def effects_report(results, *, seeds=None, outcomes=None, confidence=0.95, n_boo
     steps.append({
         "name": step, "seeds": seeds,
         "means": {o: float(np.nanmean(stacked[step][o])) for o in outcomes},
-        "effects_vs_previous": compare(step, _previous(names, i)) if i else {},
-        "effects_vs_first": compare(step, names[0]) if i else {},
+        "effects_vs_previous": compare(step, _previous(names, i), "marginal") if i else {},
+        "effects_vs_first": compare(step, names[0], "cumulative") if i else {},
     })
-  return {"confidence": float(confidence), "steps": steps}
-
-
-def _percent_outcomes(report, percent):
-  names = list(report["steps"][0]["means"])
-  if percent is None:
-    return {n for n in names if PERCENT_OUTCOMES.search(n)}
-  return set(percent)
-
-
-def _number(x, pts, sign=True):
-  if not math.isfinite(x):
-    return "–"
-  if pts:
-    return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
-  return f"{x:+.3g}" if sign else f"{x:.3g}"
-
-
-def _cell(effect, pts):
-  if not effect or not math.isfinite(effect["ci_low"]):
-    return "–" if not effect else f"{_number(effect['mean'], pts)} (1 seed)"
-  if effect["verdict"] == "none":
-    return (f"none ({_number(effect['mean'], pts)} ± "
-            f"{_number(effect['half_width'], pts, sign=False)})")
-  return (f"{_number(effect['mean'], pts)} [{_number(effect['ci_low'], pts)}, "
-          f"{_number(effect['ci_high'], pts)}] {effect['verdict']}")
-
-
-def effects_markdown(report, *, percent=None):
-  """Markdown tables of an `effects_report`: effects vs the previous step, then vs the first.
-
-  One row per step, one column per outcome. A cell reads `+4.1 [+1.9, +6.3] better`
-  (mean of B − A and its interval, verdict) or `none (+0.3 ± 1.2)` (the interval covers 0;
-  mean ± half-width). The first row gives the first step's level (mean over seeds and
-  prompts). A last line per table gives, per outcome, the median smallest effect detectable
-  with 80 % power at the report's level.
-
-  Args:
-    report: `effects_report` output.
-    percent: outcome names holding fractions in [0, 1], shown in percentage points ("pts");
-      default: names matching `PERCENT_OUTCOMES` (acc, avg@k, pass@k, frac, rate).
-  Returns:
-    Markdown text.
-  """
-  steps = report["steps"]
-  outcomes = list(steps[0]["means"])
-  pts = _percent_outcomes(report, percent)
-  level = 100 * report.get("confidence", 0.95)
-  header = ["step"] + [f"{o} (pts)" if o in pts else o for o in outcomes]
-  n_seeds = len(steps[0]["seeds"])
-  sections = []
-  for key, title in (("effects_vs_previous", "vs the previous step (a repeat STEP@LABEL: vs "
-                                             "STEP, its A/A control)"),
-                     ("effects_vs_first", f"vs the first step ({steps[0]['name']})")):
-    lines = [f"Effect {title}: mean paired difference over {n_seeds} seeds (and the held-out "
-             f"prompts for per-prompt outcomes), {level:g} % CI, verdict. Columns marked (pts) "
-             "are fractions shown in percentage points.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines.append("| " + " | ".join(
-        [f"{steps[0]['name']} (level)"]
-        + [_number(steps[0]["means"][o], o in pts, sign=False) for o in outcomes]) + " |")
-    for step in steps[1:]:
-      lines.append("| " + " | ".join(
-          [step["name"]] + [_cell(step[key].get(o), o in pts) for o in outcomes]) + " |")
-    detect = []
-    for o in outcomes:
-      values = [s[key][o]["detectable"] for s in steps[1:] if o in s[key]]
-      values = [v for v in values if math.isfinite(v)]
-      n_prompts = max([s[key][o]["n_prompts"] for s in steps[1:] if o in s[key]], default=0)
-      if values:
-        where = f"{n_seeds} seeds" + (f" and {n_prompts} prompts" if n_prompts else "")
-        detect.append(f"{o}: ±{_number(float(np.median(values)), o in pts, sign=False)}"
-                      f"{' pts' if o in pts else ''} ({where})")
-    if detect:
-      lines += ["", "Smallest effects detectable (80 % power, two-sided, median over steps): "
-                + "; ".join(detect) + "."]
-    sections.append("\n".join(lines))
-  return "\n\n".join(sections) + "\n"
+  alpha = 1.0 - confidence
+  family = assign_families(steps, primary, alpha=alpha)
+  return {"confidence": float(confidence),
+          "primary": {"outcome": primary, "comparison": "effects_vs_previous",
+                      "steps": family, "alpha": alpha},
+          "margins": {o: margin_for(o, margins) for o in outcomes}, "steps": steps}
 
 
 def plot_effects(report, out_path, *, outcomes=None, percent=None):
   """Forest plot of an `effects_report`: one panel per outcome, one row per step, each
   step's effect and CI vs the previous step and vs the first step, a vertical line at 0.
-  Hollow markers: the interval covers 0 (verdict "none").
+  Hollow markers: no better / worse verdict.
 
   Args:
     report: `effects_report` output.
@@ -217,12 +211,12 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
   plt = pyplot()
   steps = report["steps"]
   outcomes = list(steps[0]["means"]) if outcomes is None else list(outcomes)
-  pts = _percent_outcomes(report, percent)
+  pts = percent_outcomes(report, percent)
   fig, axes = plt.subplots(1, max(1, len(outcomes)), squeeze=False, layout="constrained",
                            figsize=(4.2 * max(1, len(outcomes)), 0.5 * len(steps) + 1.6))
   y = np.arange(len(steps))[::-1]
-  series = (("effects_vs_previous", "vs previous", "o", "tab:blue", 0.15),
-            ("effects_vs_first", "vs first", "s", "tab:orange", -0.15))
+  series = (("effects_vs_previous", "marginal (vs previous)", "o", "tab:blue", 0.15),
+            ("effects_vs_first", "cumulative (vs first)", "s", "tab:orange", -0.15))
   for ax, outcome in zip(axes[0], outcomes):
     scale = 100.0 if outcome in pts else 1.0
     for key, label, marker, color, dy in series:
@@ -230,7 +224,7 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
       for j, (yy, e) in enumerate(r for r in rows if math.isfinite(r[1]["ci_low"])):
         err = [[(e["mean"] - e["ci_low"]) * scale], [(e["ci_high"] - e["mean"]) * scale]]
         ax.errorbar([e["mean"] * scale], [yy], xerr=err, capsize=3, fmt=marker, color=color,
-                    ms=5, mfc="white" if e["verdict"] == "none" else color,
+                    ms=5, mfc=color if e["verdict"] in ("better", "worse") else "white",
                     label=None if j else label)
     ax.axvline(0.0, color="black", lw=0.8)
     ax.set_yticks(y, [f"{steps[0]['name']} (reference)"] + [s["name"] for s in steps[1:]],
@@ -243,3 +237,7 @@ def plot_effects(report, out_path, *, outcomes=None, percent=None):
   if axes[0][0].lines or axes[0][0].collections:
     axes[0][0].legend(fontsize=7)
   return save_figure(fig, out_path, plt)
+
+
+__all__ = ["DEFAULT_MARGINS", "check_pairing", "effects_markdown", "effects_report",
+           "margin_for", "plot_effects", "primary_outcome_of"]

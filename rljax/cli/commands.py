@@ -17,6 +17,7 @@ from rljax.cli.overrides import (
 )
 from rljax.envs import load_env_factory
 from rljax.rewards.user import user_reward_terms
+from rljax.train.ablate.finished import finished_runs
 from rljax.train.ablate.runner import plan as ablation_plan
 from rljax.train.ablate.runner import run_ablation
 from rljax.train.config import ConfigError, import_experiment, load_config, validate
@@ -151,6 +152,11 @@ def _ablate_parser():
   parser.add_argument("--steps", default="", metavar="STEP,STEP,...",
                       help="these steps instead of ABLATION_STEPS; STEP@LABEL repeats a step "
                            "with its own sampling noise (an A/A control)")
+  parser.add_argument("--aa", action="store_true",
+                      help="add an A/A copy of the first step (FIRST@aa: the same config, its "
+                           "own sampling noise)")
+  parser.add_argument("--report-only", action="store_true",
+                      help="rebuild the report from the finished runs in --out, train nothing")
   parser.add_argument("--check", action="store_true",
                       help="validate every step's config and the files it names, run nothing")
   return parser
@@ -164,7 +170,7 @@ def _ablate_args(argv):
   steps = [s.strip() for s in args.steps.split(",") if s.strip()] or None
   if steps is None and not getattr(import_experiment(args.experiment), "ABLATION_STEPS", None):
     raise UsageError(f"{args.experiment} defines no ABLATION_STEPS tuple (or pass --steps)")
-  return args, dict(out_dir=args.out, seeds=parse_seeds(args.seeds), steps=steps,
+  return args, dict(out_dir=args.out, seeds=parse_seeds(args.seeds), steps=steps, aa=args.aa,
                     overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()])
 
 
@@ -190,7 +196,8 @@ def ablate_command(argv):
                      f"({len(plan) // len(seeds)} steps x seeds {seeds})", *lines,
                      "nothing was trained or written"]))
     return plan
-  report = run_ablation(args.experiment, **options)
+  _or_exit("rljax ablate", lambda: finished_runs(plan, report_only=args.report_only))
+  report = run_ablation(args.experiment, **options, report_only=args.report_only)
   print(f"report: {report}")
   return report
 

@@ -8,9 +8,10 @@ A reward function is any callable `fn(prompt, completion) -> float` (or a mappin
 failure of that call fails its component on every sample. `compose` turns a list of
 `(name, fn, weight)` into one scorer for a batch that returns the weighted total and each
 component separately (so each is logged), and contains failures: a function that raises,
-exceeds its deadline, or returns a non-finite value is scored `failure_score` for that
-sample (or re-raised, `on_failure="raise"`), counted per component, and reported with the
-prompt id; the other samples and components are unaffected.
+exceeds its deadline, returns something that is not a number (the string "0.5", a mapping
+without a numeric "score") or a non-finite value is scored `failure_score` for that sample
+(or re-raised, `on_failure="raise"`), counted per component, and reported with the prompt
+id; the other samples and components are unaffected.
 
 Note: a Python function that hangs runs on a worker thread that cannot be killed; after a
 timeout it is abandoned (it keeps running in the background) and a fresh thread serves the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -40,7 +42,7 @@ class RewardFailure(NamedTuple):
   index: int
   prompt_id: str
   component: str
-  kind: str  # "exception" | "timeout" | "non_finite"
+  kind: str  # "exception" | "timeout" | "non_finite" | "not_a_number"
   message: str
 
 
@@ -81,6 +83,7 @@ class Composite:
       raise ValueError(f"compose: component names must be unique and non-empty, got {names}")
     self._pool = None
     self.abandoned_threads = 0
+    self.reported = set()   # kinds of failure already named to the user (by the trainer)
 
   def _call(self, fn, prompt, completion):
     if self.timeout is None:
@@ -102,6 +105,8 @@ class Composite:
       failure = RewardFailure(i, pid, name, "timeout", f"no result within {self.timeout} s")
     elif isinstance(error, _NonFinite):
       failure = RewardFailure(i, pid, name, "non_finite", str(error))
+    elif isinstance(error, _NotANumber):
+      failure = RewardFailure(i, pid, name, "not_a_number", str(error))
     else:
       failure = RewardFailure(i, pid, name, "exception", f"{type(error).__name__}: {error}"[:500])
     if self.on_failure == "raise":
@@ -172,18 +177,32 @@ class _NonFinite(ValueError):
   pass
 
 
+class _NotANumber(TypeError):
+  pass
+
+
+def _number(out) -> float:
+  """`out` as a float if it is a real number (int, float, bool, a NumPy scalar or a 0-d
+  numeric array); raises `_NotANumber` for anything else, e.g. the string "0.5"."""
+  if isinstance(out, numbers.Real):
+    return float(out)
+  if getattr(out, "shape", None) == () and np.issubdtype(np.asarray(out).dtype, np.number):
+    return float(np.asarray(out))
+  raise _NotANumber(f"returned {type(out).__name__} {out!r:.40}, not a number")
+
+
 def _value(out) -> tuple[float, dict[str, float]]:
-  """(score, extra numeric components) of one reward output; raises on a non-finite score."""
+  """(score, extra numeric components) of one reward output: a number or a mapping whose
+  "score" (or "total") is a number; raises on anything else and on a non-finite score."""
   extras = {}
   if isinstance(out, Mapping):
     key = "score" if "score" in out else "total"
     if key not in out:
-      raise KeyError(f"a reward returning a mapping needs a 'score' (or 'total') key, got "
-                     f"{sorted(out)}")
+      raise _NotANumber(f"returned a mapping without a 'score' (or 'total') key: {sorted(out)}")
     extras = {str(k): float(v) for k, v in out.items()
               if k != key and isinstance(v, int | float) and not isinstance(v, bool)}
     out = out[key]
-  value = float(out)
+  value = _number(out)
   if not math.isfinite(value):
     raise _NonFinite(f"returned {value}")
   return value, extras

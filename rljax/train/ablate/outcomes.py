@@ -3,8 +3,10 @@
 Per-prompt outcomes (paired by seed and prompt): `heldout_avg@n` (each held-out prompt's
 success rate over its n samples), `heldout_accuracy` (greedy correctness), and
 `heldout_pass@K` (unbiased pass@K on the large-k subset). Run-level outcomes (paired by
-seed): `train_reward_auc` (the mean train reward over the iterations: the area under the
-learning curve, i.e. the speed of learning), `final_entropy` (the last iterations' mean
+seed): `train_reward_auc` (the mean over iterations of `train/sampled_score`, the score of
+every completion sampled, before reward shaping and before the dynamic-sampling filter: the
+area under the learning curve, i.e. the speed of learning, comparable between steps that
+shape or filter differently; NaN for a run that did not log it), `final_entropy` (the last iterations' mean
 token entropy), and the mean over iterations of each step's mechanism metric (the metric
 its paper says the trick moves, e.g. DAPO's upper clip fraction for clip-higher).
 """
@@ -48,15 +50,36 @@ def per_prompt_outcomes(run_dir, name=PER_PROMPT_FILE) -> dict:
   return out
 
 
+def prompt_ids(run_dir, name=PER_PROMPT_FILE):
+  """The held-out prompt ids the run's per-prompt outcomes are in the order of, int or str
+  [N] (None without a per-prompt file)."""
+  path = pathlib.Path(run_dir) / name
+  if not path.exists():
+    return None
+  with np.load(path) as data:
+    return data["prompt_id"] if "prompt_id" in data.files else None
+
+
 def run_outcomes(run_dir, mechanisms=()) -> dict:
   """Every outcome of one run: per-prompt arrays and run-level floats."""
   records = read_records(run_dir)
   out = per_prompt_outcomes(run_dir)
-  out["train_reward_auc"] = _mean(records, "train/reward")
+  out["train_reward_auc"] = _mean(records, "train/sampled_score")
   out["final_entropy"] = _mean(records, "update/entropy", LAST)
   for key in mechanisms:
     out[key] = _mean(records, key)
   return out
+
+
+def expected_outcomes(config, mechanisms=()) -> list:
+  """The outcome names `run_outcomes` gives a run of `config` (before it runs)."""
+  r = config.sampling
+  names = ["heldout_accuracy"]
+  if r.eval_n:
+    names.append(f"heldout_avg@{r.eval_n}")
+  if r.eval_passk_n and r.eval_passk_n > r.eval_n:
+    names.append(f"heldout_pass@{r.eval_passk_n}")
+  return names + ["train_reward_auc", "final_entropy", *mechanisms]
 
 
 def start_diagnostics(run_dir) -> dict:

@@ -10,17 +10,18 @@ import math
 import pathlib
 
 from rljax.analysis.ablation_report import effects_markdown, effects_report, plot_effects
-from rljax.train.ablate.outcomes import periodic_iterations, periodic_outcomes
+from rljax.train.ablate.outcomes import periodic_iterations, periodic_outcomes, prompt_ids
 from rljax.train.ablate.table import markdown_table, overlay_plot
 
-PRIMARY = ("heldout_avg@", "heldout_accuracy", "heldout_pass@", "train_reward_auc",
-           "final_entropy")
+# The outcomes report.md's tables and plot show (the mechanism metrics get their own section).
+HEADLINE = ("heldout_avg@", "heldout_accuracy", "heldout_pass@", "train_reward_auc",
+            "final_entropy")
 
 
-def primary_outcomes(report) -> list:
-  """The outcomes every step is judged on, in `PRIMARY` order."""
+def headline_outcomes(report) -> list:
+  """The outcomes report.md's effect tables show, in `HEADLINE` order."""
   names = list(report["steps"][0]["means"])
-  return [n for prefix in PRIMARY for n in names if n.startswith(prefix)]
+  return [n for prefix in HEADLINE for n in names if n.startswith(prefix)]
 
 
 def compile_summary(compiles, cache_dir) -> dict:
@@ -65,7 +66,8 @@ def mechanism_lines(report) -> list:
     return []
   return ["## The mechanism each step acts through", "",
           "The metric the trick's paper says it moves, mean over iterations; effect vs the "
-          "previous step (paired over seeds; for these, the verdict is the direction).", "",
+          "previous step (paired over seeds; exploratory: each interval alone, unadjusted; "
+          "for these, the verdict is the direction).", "",
           "| step | metric | first step's level | effect vs previous | verdict |",
           "|---|---|---|---|---|", *lines, ""]
 
@@ -86,15 +88,18 @@ def _start_lines(report) -> list:
           "|---|---|---|---|---|", *rows, ""]
 
 
-def trajectory(run_dirs, seeds) -> dict:
+def trajectory(run_dirs, seeds, **options) -> dict:
   """{iteration: effects_report} of the periodic per-prompt evaluations every run saved
-  (`run.eval_every`): the paired effects after each number of iterations."""
+  (`run.eval_every`): the paired effects after each number of iterations (`options`: the
+  report's primary outcome and margins)."""
   runs = [d for dirs in run_dirs.values() for d in dirs]
   common = set.intersection(*(set(periodic_iterations(d)) for d in runs)) if runs else set()
   out = {}
   for it in sorted(common):
+    name = f"heldout_per_prompt_it{it}.npz"
     results = {step: [periodic_outcomes(d, it) for d in dirs] for step, dirs in run_dirs.items()}
-    out[it] = effects_report(results, seeds=seeds, n_boot=500)
+    ids = {step: [prompt_ids(d, name) for d in dirs] for step, dirs in run_dirs.items()}
+    out[it] = effects_report(results, seeds=seeds, n_boot=500, prompt_ids=ids, **options)
   return out
 
 
@@ -125,21 +130,25 @@ def _trajectory_lines(trajectory_reports) -> list:
 def write(out, report, tables, run_dirs, impact) -> pathlib.Path:
   """Writes report.json, report.md, effects.png and curves.png under `out`."""
   out = pathlib.Path(out)
-  periodic = trajectory(run_dirs, report["steps"][0]["seeds"])
+  periodic = trajectory(run_dirs, report["steps"][0]["seeds"],
+                        primary_outcome=report["primary"]["outcome"],
+                        margins={k: v for k, v in report["margins"].items() if v is not None})
   if periodic:
     report["trajectory"] = {str(it): rep for it, rep in periodic.items()}
   (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
-  primary = primary_outcomes(report)
-  plot_effects(report, out / "effects.png", outcomes=primary)
+  headline = headline_outcomes(report)
+  plot_effects(report, out / "effects.png", outcomes=headline)
   overlay_plot(run_dirs, out / "curves.png")
   c = report["compile"]
   seeds = report["steps"][0]["seeds"]
   text = [f"# Ablation: {report['experiment']}", "",
-          f"{len(report['steps'])} steps × seeds {seeds}, {report['wall_s']:.0f} s. "
+          f"{len(report['steps'])} steps × seeds {seeds}, {report['wall_s']:.0f} s"
+          + (f" ({report['runs_reused']} runs read from their finished run directories, "
+             "not trained again)" if report.get("runs_reused") else "") + ". "
           f"Overrides: {report['overrides'] or 'none'}. The arms of a seed share the warm "
           "start, the prompts and the sampling keys; effects are paired over seeds (and over "
           "the held-out prompts for per-prompt outcomes).", "",
-          effects_markdown(_only(report, primary)), "![effects](effects.png)", "",
+          effects_markdown(_only(report, headline)), "![effects](effects.png)", "",
           "![curves](curves.png) (mean ± one sd over seeds)", "",
           *mechanism_lines(report), *_trajectory_lines(periodic),
           "## Every step's metrics (mean ± sd over seeds)", "",

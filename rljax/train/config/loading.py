@@ -42,7 +42,11 @@ def load_config(spec: str, overrides: dict | None = None) -> ConfigDict:
   path = pathlib.Path(path_str)
   if not path.is_file():
     raise FileNotFoundError(f"experiment file not found: {path}")
-  config = import_experiment(path).get_config(arg or None)
+  module = import_experiment(path)
+  if not callable(getattr(module, "get_config", None)):
+    raise ValueError(f"{path} defines no get_config(arg) function: an experiment file returns "
+                     "its config from get_config(arg: str | None)")
+  config = module.get_config(arg or None)
   config.lock()
   apply_overrides(config, overrides or {})
   validate(config)

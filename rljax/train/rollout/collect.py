@@ -49,16 +49,21 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
     draw_prompts: `draw_prompts(k, round) -> k prompts` (round 0, 1, ... of this iteration).
     rng_fn: `rng_fn(round) -> key`, the sampling key of a generation round.
   Returns:
-    (RolloutBatch of B = prompts·n rows in group-major order, stats dict)
+    (RolloutBatch of B = prompts·n rows in group-major order, stats dict). The stats'
+    `train/sampled_score` is the mean score (the reward before shaping) of every completion
+    sampled in every round, before the dynamic-sampling filter: the policy's reward on the
+    training prompts, whatever the filter kept (`train/reward` is the update batch's).
   """
   n = spec.n
   seconds = {"generate_s": 0.0, "score_s": 0.0}
   buffer = DynamicSamplingBuffer(spec.prompts_per_iteration, max_rounds=spec.max_rounds)
   zero_var = None
+  sampled = []   # every round's scores, before the filter
   for round_ in itertools.count():
     batch = rollouts.sample_and_score(model, draw_prompts(spec.prompts_per_iteration, round_),
                                       rng_fn(round_))
     seconds = {k: v + batch.seconds[k] for k, v in seconds.items()}
+    sampled.append(np.asarray(batch.scores))
     if zero_var is None:
       zero_var = zero_variance_fraction(batch.accuracy, n)
     if not spec.dynamic_sampling:
@@ -72,5 +77,6 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
     batch = dataclasses.replace(batch, greedy_scores=np.repeat(scores, n))
   stats = {"train/generation_rounds": buffer.last_stats.get("rounds", 1),
            "train/zero_variance_group_frac": zero_var,
+           "train/sampled_score": float(np.mean(np.concatenate(sampled))),
            "time/generate_s": seconds["generate_s"], "time/score_s": seconds["score_s"]}
   return batch, stats

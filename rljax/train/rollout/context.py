@@ -88,9 +88,31 @@ def score_texts(ctx: RolloutContext, prompts, texts):
   failed = np.zeros(len(prompts), np.int32)
   for failure in rewards.failures:
     failed[failure.index] = 1
-    print(f"[rljax] reward {failure.component!r} failed on prompt {failure.prompt_id}: "
-          f"{failure.kind}: {failure.message}")
+  # the run's reward keeps the kinds of failure it has named (`Composite.reported`)
+  reported = getattr(ctx.reward_fn, "reported", set())
+  for line in failure_lines(rewards.failures, len(prompts), reported):
+    print(line)
   return np.asarray(rewards.total), dict(rewards.components), failed
+
+
+def failure_lines(failures, batch_size: int, reported: set) -> list[str]:
+  """One line per kind of reward failure (component, kind, error type) not in `reported`,
+  which gains it: a function that returns a string fails the same way on every sample of
+  every batch, and is named once, with how many samples of this batch it failed and one
+  prompt id; the count per iteration is `train/reward_failures`."""
+  groups = {}
+  for f in failures:
+    groups.setdefault((f.component, f.kind, f.message.split(":")[0]), []).append(f)
+  lines = []
+  for key, group in groups.items():
+    if key in reported:
+      continue
+    reported.add(key)
+    f = group[0]
+    lines.append(f"[rljax] reward {f.component!r} failed on {len(group)} of {batch_size} "
+                 f"samples (first: prompt {f.prompt_id}): {f.kind}: {f.message} (reported "
+                 "once; counted every iteration in train/reward_failures)")
+  return lines
 
 
 def prompt_stream(prompt) -> int:

@@ -48,6 +48,23 @@ def eval_context(ctx: RolloutContext, task, prompts, reward_fn, *, budget: int,
                      sampling=ctx.sampling.replace(max_new_tokens=budget))
 
 
+def training_overlap(prompts, train_prompts) -> int:
+  """How many of `prompts` have the text of a training prompt (an evaluation set that
+  scores what the run trains on measures memory, not generalisation)."""
+  seen = {p.text for p in train_prompts}
+  return sum(p.text in seen for p in prompts)
+
+
+def overlap_warning(name: str, prompts, train_prompts) -> str:
+  """The warning for the evaluation set `name` when it shares prompts with training, or ""."""
+  shared = training_overlap(prompts, train_prompts)
+  if not shared:
+    return ""
+  return (f"[rljax] warning: eval.sets.{name}: {shared} of its {len(prompts)} prompts are "
+          "training prompts (the same text): its scores are partly on prompts the run "
+          "trains on")
+
+
 GREEDY_KEYS = ("accuracy", "format", "response_length_mean", "tool_use")
 
 

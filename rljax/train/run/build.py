@@ -22,7 +22,7 @@ from rljax.train.config.from_config import build_specs
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params
 from rljax.train.rollout import RolloutContext, make_rollouts
-from rljax.train.rollout.eval_sets import EvalSet, eval_context
+from rljax.train.rollout.eval_sets import EvalSet, eval_context, overlap_warning
 from rljax.train.run import components
 from rljax.train.update.advantages import gdpo_terms
 
@@ -112,10 +112,14 @@ def _ood(config, rollouts):
 
 def _eval_sets(config, specs: Specs, rollouts, max_positions) -> tuple:
   """The named evaluation sets (`eval.sets`): each source's prompts, scored by its own
-  verifier, with prompt columns and a budget that fit it (at least the run's budget)."""
+  verifier, with prompt columns and a budget that fit it (at least the run's budget); a
+  warning for a set that shares prompts with training (`overlap_warning`)."""
   sets = []
   for spec in specs.eval_sets:
     task, prompts, budget = components.eval_set_task(config, spec, rollouts.ctx.task)
+    warning = overlap_warning(spec.name, prompts, rollouts.ctx.task.train_prompts())
+    if warning:
+      print(warning)
     set_rollouts = rollouts
     if task is not rollouts.ctx.task:
       ctx = eval_context(rollouts.ctx, task, prompts, components.verifier_reward(task, config),

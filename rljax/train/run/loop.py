@@ -15,6 +15,7 @@ from rljax.train.config import validate
 from rljax.train.config.from_config import distill_spec
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.run import metrics as run_metrics
+from rljax.train.run import provenance
 from rljax.train.run.build import build
 from rljax.train.run.heldout import evaluate_heldout, evaluate_start, save_per_prompt
 from rljax.train.run.inflight import prune_inflight
@@ -46,6 +47,7 @@ class _Session:
     self.dir.mkdir(parents=True, exist_ok=True)
     if self.primary:
       (self.dir / "config.json").write_text(self.run.config_json)
+      provenance.write(self.dir)
     self.ckpt = Checkpointer(self.dir, keep=spec.keep_checkpoints)
     self.writer = run_metrics.MetricWriter(self.dir, tensorboard=spec.tensorboard,
                                            enabled=self.primary)
