@@ -18,7 +18,7 @@ from rljax.ops.policy_loss import POLICY_LOSSES, RATIO_LEVELS
 from rljax.parallel.mesh import select_devices
 from rljax.train.config import checks
 from rljax.train.config.checks_distill_eval import check_distill, check_eval_sets
-from rljax.train.config.defaults import completion_columns
+from rljax.train.config.defaults import completion_columns, model_positions
 
 PF_PPO_METHODS = ("none", *advantages_group.PF_PPO_METHODS)
 REF_REFRESH_MODES = ("none", "mix", "reset")
@@ -184,7 +184,7 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
                   f"{devices} devices")
   else:
     _check_mesh(errors, config, devices - max(sampler, 0))
-  limit = max_positions or config.model.max_position_embeddings
+  limit = max_positions or model_positions(config)
   if completion_columns(config) >= limit:
     errors.append(f"sampling.max_new_tokens={completion_columns(config)} leaves no room for "
                   f"the prompt within the model's {limit} positions")

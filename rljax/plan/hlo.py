@@ -1,0 +1,160 @@
+"""Reading a compiled program's optimized HLO text: its collectives, its largest arrays,
+and the TPU compiler's out-of-memory report.
+
+The optimized HLO is per device (after SPMD partitioning), so every shape here is one
+device's. A collective inside a loop body is counted once per iteration when the compiler
+knows the trip count (`known_trip_count`, e.g. the update step's `lax.scan` over
+micro-batches), else once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
+                "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
+                "f64": 8, "c64": 8, "c128": 16}
+_SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c\d+|f8\w*)\[([\d,]*)\]")
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
+_CALLED = re.compile(r"\b(calls|body|condition|branch_computations|true_computation|"
+                     r"false_computation|called_computations)=\{?([%\w.\-, ]+)\}?")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
+               "ragged-all-to-all")
+_NOT_BUFFERS = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant")
+
+
+def shape_bytes(text: str) -> list[float]:
+  """Bytes of every array shape in `text` (e.g. an HLO result type, tuples flattened)."""
+  out = []
+  for dtype, dims in _SHAPE.findall(text):
+    size = _DTYPE_BYTES.get(dtype, 1)
+    out.append(size * math.prod(int(d) for d in dims.split(",") if d))
+  return out
+
+
+def _computations(text: str) -> dict:
+  """{name: (is_entry, [instruction lines])} of an HLO module's text."""
+  comps, name = {}, None
+  for line in text.splitlines():
+    header = _HEADER.match(line)
+    if header:
+      name = header.group(2)
+      comps[name] = (bool(header.group(1)), [])
+    elif line.startswith("}"):
+      name = None
+    elif name is not None:
+      comps[name][1].append(line)
+  return comps
+
+
+def _multipliers(comps: dict) -> tuple[dict, set]:
+  """(executions of each computation per program call, names of fused computations)."""
+  edges, fused = {}, set()
+  for name, (_, lines) in comps.items():
+    for line in lines:
+      instr = _INSTR.match(line)
+      opcode = instr.group(3) if instr else ""
+      trip = _TRIP.search(line)
+      for kind, targets in _CALLED.findall(line):
+        for target in re.split(r"[,\s]+", targets.replace("%", "").strip()):
+          if not target:
+            continue
+          times = int(trip.group(1)) if trip and kind in ("body", "condition") else 1
+          edges.setdefault(name, []).append((target, times))
+          if opcode == "fusion" and kind == "calls":
+            fused.add(target)
+  mult = {name: 0.0 for name in comps}
+  order = [name for name, (entry, _) in comps.items() if entry]
+  for name in order:
+    mult[name] = 1.0
+  i = 0
+  while i < len(order):   # computations are called from ones defined after them: BFS
+    name = order[i]
+    i += 1
+    for target, times in edges.get(name, ()):
+      if target in mult:
+        mult[target] += mult[name] * times
+        order.append(target)
+  return mult, fused
+
+
+def _kind(opcode: str, computation: str) -> str | None:
+  base = opcode.removesuffix("-start")
+  if base not in COLLECTIVES:
+    return None
+  if base == "all-reduce" and computation.startswith("all-reduce-scatter"):
+    return "reduce-scatter"   # the TPU compiler's reduce-scatter: an all-reduce fusion
+  return base
+
+
+def collectives(text: str) -> dict:
+  """{kind: {"count", "bytes"}} over one call of the program: each collective's count and
+  the bytes of the whole array it gathers, reduces or exchanges (per device)."""
+  comps = _computations(text)
+  mult, _ = _multipliers(comps)
+  out = {}
+  for name, (_, lines) in comps.items():
+    for line in lines:
+      instr = _INSTR.match(line)
+      kind = _kind(instr.group(3), name) if instr else None
+      if kind is None or mult.get(name, 0) == 0:
+        continue
+      sizes = shape_bytes(instr.group(2))
+      size = max(sizes, default=0) if instr.group(3).endswith("-start") else sum(sizes)
+      entry = out.setdefault(kind, {"count": 0, "bytes": 0.0})
+      entry["count"] += int(mult[name])
+      entry["bytes"] += size * mult[name]
+  return out
+
+
+def largest_buffers(text: str, k: int = 5) -> list[dict]:
+  """The `k` largest arrays a program materialises (results of unfused instructions, one
+  device's shard), with the JAX operation that made them."""
+  comps = _computations(text)
+  _, fused = _multipliers(comps)
+  seen = {}
+  for name, (_, lines) in comps.items():
+    if name in fused:
+      continue
+    for line in lines:
+      instr = _INSTR.match(line)
+      if not instr or instr.group(3) in _NOT_BUFFERS or instr.group(2).startswith("("):
+        continue
+      size = sum(shape_bytes(instr.group(2)))
+      op = _OP_NAME.search(line)
+      shape = _SHAPE.search(instr.group(2))
+      key = (op.group(1) if op else instr.group(1), shape.group(0) if shape else "")
+      seen[key] = max(seen.get(key, 0), size)
+  top = sorted(seen.items(), key=lambda kv: -kv[1])[:k]
+  return [{"bytes": size, "shape": shape, "op": op} for (op, shape), size in top]
+
+
+_UNITS = {"": 1, "B": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _amount(number: str, unit: str) -> float:
+  return float(number) * _UNITS.get(unit.upper()[:1] if unit else "", 1)
+
+
+def out_of_memory(message: str) -> dict | None:
+  """The TPU compiler's report of a program that does not fit its HBM: {"required",
+  "available"} bytes and, when it lists them, the largest allocations; None otherwise."""
+  short = re.search(r"required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available "
+                    r"HBM \(([\d.]+)([KMGT]?)\)", message)
+  long = re.search(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", message)
+  found = short or long
+  if found is None:
+    return None
+  out = {"required": _amount(found.group(1), found.group(2)),
+         "available": _amount(found.group(3), found.group(4)), "allocations": []}
+  for size, unit, body in re.findall(r"Size: ([\d.]+)([KMGT]?)\n(.*?)(?:=====|\Z)", message,
+                                     re.S):
+    op, shape = _OP_NAME.search(body), re.search(r"Shape: (\S+)", body)
+    out["allocations"].append({"bytes": _amount(size, unit),
+                               "shape": shape.group(1) if shape else "",
+                               "op": op.group(1) if op else ""})
+  return out
