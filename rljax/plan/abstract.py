@@ -29,6 +29,7 @@ from rljax.train.config.from_config import build_specs
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, Teacher, TrainState
 from rljax.train.params.offload import HOST_MEMORY_KIND
+from rljax.train.params.state import optimizer_shardings
 from rljax.train.params.teacher import is_run_dir
 from rljax.train.run import components
 from rljax.train.run.build import meshes
@@ -97,11 +98,9 @@ def _placed(tree, mesh):
 
 
 def optimizer_state(tx, params, mesh):
-  """The abstract state `init_optimizer_state(tx, params)` makes: `jax.jit(tx.init)`, whose
-  moment buffers inherit the parameters' shardings (read from its compiled outputs)."""
-  init = jax.jit(tx.init)
-  out = init.lower(params).compile().output_shardings
-  return _placed(sharded(jax.eval_shape(tx.init, params), out), mesh)
+  """The abstract state `init_optimizer_state(tx, params)` makes (`optimizer_shardings`)."""
+  return _placed(sharded(jax.eval_shape(tx.init, params), optimizer_shardings(tx, params)),
+                 mesh)
 
 
 def init_state(params: Params) -> TrainState:

@@ -19,7 +19,7 @@ _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16|c\d+|f8\w*)\[([\d,]*)\]")
 _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
 _CALLED = re.compile(r"\b(calls|body|condition|branch_computations|true_computation|"
-                     r"false_computation|called_computations)=\{?([%\w.\-, ]+)\}?")
+                     r"false_computation|called_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
@@ -51,6 +51,23 @@ def _computations(text: str) -> dict:
   return comps
 
 
+def _trip_count(line: str, comps: dict) -> int:
+  """A while loop's iterations: the compiler's `known_trip_count`, else N when its condition
+  is `counter < constant(N)` (a `lax.scan` or `fori_loop`, counting from 0), else 1."""
+  known = _TRIP.search(line)
+  if known:
+    return int(known.group(1))
+  cond = re.search(r"condition=%?([\w.\-]+)", line)
+  lines = comps.get(cond.group(1), (False, []))[1] if cond else []
+  constants = {m.group(1): int(m.group(2)) for m in
+               (re.match(r"\s*%?([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", x) for x in lines) if m}
+  for x in lines:
+    root = re.match(r"\s*ROOT .* compare\(%?[\w.\-]+, %?([\w.\-]+)\), direction=LT", x)
+    if root and root.group(1) in constants:
+      return constants[root.group(1)]
+  return 1
+
+
 def _multipliers(comps: dict) -> tuple[dict, set]:
   """(executions of each computation per program call, names of fused computations)."""
   edges, fused = {}, set()
@@ -58,27 +75,20 @@ def _multipliers(comps: dict) -> tuple[dict, set]:
     for line in lines:
       instr = _INSTR.match(line)
       opcode = instr.group(3) if instr else ""
-      trip = _TRIP.search(line)
+      trip = _trip_count(line, comps) if opcode == "while" else 1
       for kind, targets in _CALLED.findall(line):
-        for target in re.split(r"[,\s]+", targets.replace("%", "").strip()):
+        for target in re.split(r"[,\s]+", targets.strip("{}").replace("%", "").strip()):
           if not target:
             continue
-          times = int(trip.group(1)) if trip and kind in ("body", "condition") else 1
+          times = trip if kind in ("body", "condition") else 1
           edges.setdefault(name, []).append((target, times))
           if opcode == "fusion" and kind == "calls":
             fused.add(target)
-  mult = {name: 0.0 for name in comps}
-  order = [name for name, (entry, _) in comps.items() if entry]
-  for name in order:
-    mult[name] = 1.0
-  i = 0
-  while i < len(order):   # computations are called from ones defined after them: BFS
-    name = order[i]
-    i += 1
+  mult = {name: 1.0 if entry else 0.0 for name, (entry, _) in comps.items()}
+  for name in reversed(list(comps)):   # HLO text defines a computation before its callers
     for target, times in edges.get(name, ()):
       if target in mult:
         mult[target] += mult[name] * times
-        order.append(target)
   return mult, fused
 
 
