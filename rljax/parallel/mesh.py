@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -70,8 +71,14 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, devices=None) -
   if math.prod(sizes) != len(devices):
     raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
                      f"{len(devices)} devices ({dict(zip(MESH_AXES, sizes))})")
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                       devices=devices)
+  axis_types = (AxisType.Auto,) * 3
+  try:   # devices ordered along the TPU torus when they form a physical sub-mesh
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+  except (AssertionError, ValueError, NotImplementedError):
+    # e.g. a sampler's share of a slice (`split_devices`), not a rectangle of chips: the
+    # devices in their given order
+    return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES,
+                axis_types=axis_types)
 
 
 def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:

@@ -22,6 +22,7 @@ from rljax import parallel
 from rljax.models import Decoder, ModelConfig, config_from_hf
 from rljax.models.heads import ValueModel
 from rljax.models.presets import hf_config_dict
+from rljax.plan.topology import sub_topology, topology_devices
 from rljax.sampling import buckets
 from rljax.train.config import ConfigError, saved_config
 from rljax.train.config.defaults import distill_teacher_dir
@@ -71,6 +72,7 @@ class AbstractRun:
   teacher: Teacher | None
   shapes: Shapes
   notes: list = dataclasses.field(default_factory=list)
+  teacher_cfg: ModelConfig | None = None
 
 
 def sharded(tree, shardings):
@@ -186,14 +188,29 @@ def _params(config, model_cfg, mesh, specs: Specs) -> Params:
                 sources=specs.sources, seed=seed, lora=bool(config.model.lora_rank))
 
 
-def abstract_run(config, devices) -> AbstractRun:
-  """The run of a validated `config` on `devices` (a slice's compile-only devices).
+def _split(topology):
+  """`meshes`' device split for compile-only devices: each share of the slice becomes a
+  slice of its own (`sub_topology`); the host's own devices split as the trainer does."""
+  def split(devices, sampler_count):
+    trainer, sampler = parallel.split_devices(devices, sampler_count)
+    if topology is None or not topology.shape:
+      return trainer, sampler
+    fresh = lambda ds: ds if len(ds) == topology.chips else topology_devices(  # noqa: E731
+        sub_topology(topology, len(ds)))
+    return fresh(trainer), (fresh(sampler) if sampler is not trainer else None)
+  return split
+
+
+def abstract_run(config, devices, topology=None) -> AbstractRun:
+  """The run of a validated `config` on `devices` (a slice's compile-only devices, of
+  `topology`).
 
   Raises:
     ConfigError: the prompt columns cannot be derived (the task's data cannot be loaded
       here: set plan.prompt_len).
+    TopologyError: a share of the slice that is no slice of its own.
   """
-  mesh, sampler_mesh = meshes(config, devices)
+  mesh, sampler_mesh = meshes(config, devices, split=_split(topology))
   shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
   try:
     model_cfg, tokenizer, task = model_and_tokenizer(config)
@@ -205,7 +222,7 @@ def abstract_run(config, devices) -> AbstractRun:
                       pack_groups=shards if config.algo.pack_sequences else 0)
   params = _params(config, model_cfg, mesh, specs)
   notes = []
-  teacher = None
+  teacher = teacher_cfg = None
   if config.algo.distill_teacher:
     teacher_cfg = teacher_config(config)
     if teacher_cfg is None:
@@ -216,7 +233,8 @@ def abstract_run(config, devices) -> AbstractRun:
   return AbstractRun(config=config, specs=specs, model_cfg=model_cfg, mesh=mesh,
                      sampler_mesh=sampler_mesh, params=params, state=init_state(params),
                      teacher=teacher, shapes=_shapes(config, specs, prompt_len,
-                                                     sampler_mesh or mesh), notes=notes)
+                                                     sampler_mesh or mesh), notes=notes,
+                     teacher_cfg=teacher_cfg)
 
 
 def per_chip_bytes(tree, *, device_only: bool = True) -> float:

@@ -35,6 +35,12 @@ def training_flops_per_token(cfg: ModelConfig, context: int, *, lora: bool = Fal
       cfg.num_layers * cfg.num_heads * cfg.head_dim * context)
 
 
+def forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
+  """Model FLOPs of a forward pass per token attending to `context` positions: 2N +
+  4·L·H·Dh·context (PaLM's count without the backward pass)."""
+  return 2.0 * matmul_params(cfg) + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+
+
 def iteration(programs: list[dict], *, model_cfg: ModelConfig, context: int, chips: int,
               peak_flops: float | None, lora: bool) -> dict:
   """{"roofline_s", per-phase seconds, "update_mfu"} of one iteration.

@@ -3,9 +3,8 @@
 optimized HLO), and the roofline time on the plan's chip.
 
 A program the TPU compiler cannot fit in a chip's HBM fails to compile; its report then
-carries the compiler's own figures (memory required, the largest allocations) and the
-FLOPs of the unoptimized program (`Lowered.cost_analysis`, the whole mesh's, divided by
-the devices).
+carries the compiler's own figures (memory required, the largest allocations when it lists
+them) and the model FLOPs of the program (its roofline counts compute only).
 """
 
 from __future__ import annotations
@@ -45,17 +44,16 @@ def _memory(compiled, resident: float) -> dict:
   return out
 
 
-def _failed(program: Program, lowered, args, err, devices: int) -> dict:
-  """The report of a program the compiler refused (out of memory) or could not compile."""
-  oom = hlo.out_of_memory(str(err))
-  if oom is None:
-    raise err
-  cost = _cost(lowered.cost_analysis())
+def _failed(program: Program, args, err) -> dict:
+  """The report of a program the compiler refused (out of memory) or failed to compile
+(any other error: its message, and the arguments' bytes as its memory)."""
+  oom = hlo.out_of_memory(str(err)) or {"required": 0.0, "available": None, "allocations": []}
   arguments = per_chip_bytes(args)
-  required = oom["required"]
-  return {"compiled": False, "error": str(err).splitlines()[0][:400],
-          "flops": cost.get("flops", 0.0) / devices,
-          "bytes_accessed": cost.get("bytes accessed", 0.0) / devices,
+  required = max(oom["required"], arguments)
+  lines = [x for x in str(err).splitlines() if x.strip()]
+  return {"compiled": False, "error": " ".join(lines[:2])[:600],
+          "flops": program.model_flops, "flops_source": "model (PaLM's count)",
+          "bytes_accessed": 0.0,
           "per_chip_bytes": {"arguments": arguments, "outputs": 0.0,
                              "temporaries": max(required - arguments, 0.0), "aliases": 0.0,
                              "generated_code": 0.0, "resident": program.resident,
@@ -79,7 +77,7 @@ def measure(program: Program, chip, hbm_limit: float | None, devices: int) -> di
     compiled = lowered.compile()
     report = None
   except jax.errors.JaxRuntimeError as err:
-    report = _failed(program, lowered, args, err, devices)
+    report = _failed(program, args, err)
   t2 = time.perf_counter()
   if report is None:
     cost = _cost(compiled.cost_analysis())

@@ -91,12 +91,17 @@ def summary(run: AbstractRun, target: Target, reports: list[dict]) -> dict:
   topo, chip = target.topology, target.topology.chip
   s = run.shapes
   estimate = iteration(reports, model_cfg=run.model_cfg, context=s.prompt_len + s.response_len,
-                       chips=len(target.devices), peak_flops=chip.peak_flops if chip else None,
+                       chips=run.mesh.size, peak_flops=chip.peak_flops if chip else None,
                        lora=bool(run.config.model.lora_rank))
   notes = list(run.notes)
   if run.specs.rollout.max_rounds > 1:
     notes.append(f"dynamic sampling may generate up to {run.specs.rollout.max_rounds} rounds "
                  "per iteration; the estimate counts one")
+  if run.sampler_mesh is not None:
+    notes.append(f"the sampler has {run.sampler_mesh.size} chips of its own (each share "
+                 "compiled as a slice of its size); with sampling.max_staleness > 0 generation "
+                 "overlaps the update, so an iteration takes about the larger of the two, not "
+                 "their sum")
   return {
       "topology": topo.name, "chips": len(target.devices),
       "libtpu_topology": topo.libtpu_name if topo.shape else "local",
@@ -121,7 +126,7 @@ def plan(config, topology: str | Target, *, search: int = 3, progress=None) -> d
   """
   target = topology if isinstance(topology, Target) else Target.resolve(topology)
   validate(config, num_devices=len(target.devices), max_positions=model_positions(config))
-  run = abstract_run(config, target.devices)
+  run = abstract_run(config, target.devices, target.topology)
   result = summary(run, target, compile_run(run, target, progress=progress))
   if not result["fits"]:
     result["search"] = fit_search.search(config, run, target, result, budget=search,

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.parallel import batch_sharding
 from rljax.plan.abstract import AbstractRun, per_chip_bytes
+from rljax.plan.estimate import forward_flops_per_token, training_flops_per_token
 from rljax.plan.sampler import SamplerPrograms
 from rljax.train.params import policy_params
 from rljax.train.update.epochs import UPDATE_KEYS
@@ -48,6 +49,8 @@ class Program:
     resident: per-chip bytes of the run's arrays in device memory while it runs, beyond
       its own arguments.
     tokens: tokens it processes per call.
+    model_flops: the model FLOPs of one call on one chip (PaLM's count,
+      `rljax.plan.estimate`), for a program the compiler cannot report on.
   """
 
   name: str
@@ -55,6 +58,7 @@ class Program:
   calls: float
   resident: float
   tokens: int
+  model_flops: float = 0.0
 
 
 def _rows(mesh, shape, dtype):
@@ -108,10 +112,12 @@ def update_program(run: AbstractRun, teacher_bytes: float) -> Program:
   def lower():
     mb = minibatch(run)
     return step.lower(state, mb, train_actor), (state._replace(ref=None), mb, train_actor)
-  return Program("update", lower,
-                 calls=specs.schedule.epochs * specs.schedule.minibatches,
-                 resident=per_chip_bytes(state.ref) + teacher_bytes,
-                 tokens=s.minibatch * (s.prompt_len + s.response_len))
+  context = s.prompt_len + s.response_len
+  tokens = s.minibatch * context
+  flops = tokens * training_flops_per_token(run.model_cfg, context, lora=p.lora)
+  return Program("update", lower, calls=specs.schedule.epochs * specs.schedule.minibatches,
+                 resident=per_chip_bytes(state.ref) + teacher_bytes, tokens=tokens,
+                 model_flops=flops / run.mesh.size)
 
 
 def _forward(jitted, params, sequences):
@@ -129,7 +135,9 @@ def forward_programs(run: AbstractRun, teacher_bytes: float) -> list[Program]:
   fns = ForwardFns(specs.loss, p.actor_graphdef, p.critic_graphdef, num_micro=num_micro,
                    mesh=run.mesh)
   seqs = lambda: batch(run, s.rows, SEQUENCE_KEYS, fns.pack_groups or 1)  # noqa: E731
-  tokens = s.rows * (s.prompt_len + s.response_len)
+  context = s.prompt_len + s.response_len
+  tokens = s.rows * context
+  flops = tokens * forward_flops_per_token(run.model_cfg, context) / run.mesh.size
   state_bytes = per_chip_bytes(state)
   policy = policy_params(state)
   out = []
@@ -139,15 +147,17 @@ def forward_programs(run: AbstractRun, teacher_bytes: float) -> list[Program]:
     offloaded = state.ref is not None and specs.sources.reference_offload
     resident = state_bytes - (0 if offloaded else per_chip_bytes(policy))
     out.append(Program("logprobs", _forward(fns.policy_stats, policy, seqs), calls,
-                       resident + teacher_bytes, tokens))
+                       resident + teacher_bytes, tokens, flops))
   if state.critic is not None:
     out.append(Program("values", _forward(fns.values, state.critic, seqs), 1,
-                       state_bytes - per_chip_bytes(state.critic) + teacher_bytes, tokens))
+                       state_bytes - per_chip_bytes(state.critic) + teacher_bytes, tokens,
+                       flops))
   if run.teacher is not None:
     tfns = ForwardFns(specs.loss, run.teacher.graphdef, None, num_micro=num_micro,
                       mesh=run.mesh)
+    teacher = tokens * forward_flops_per_token(run.teacher_cfg, context) / run.mesh.size
     out.append(Program("teacher", _forward(tfns.policy_stats, run.teacher.params, seqs), 1,
-                       state_bytes, tokens))
+                       state_bytes, tokens, teacher))
   return out
 
 
@@ -161,8 +171,13 @@ def sampler_programs(run: AbstractRun, teacher_bytes: float) -> list[Program]:
     resident = per_chip_bytes(state) - per_chip_bytes(policy_params(state)) + teacher_bytes
   # dynamic sampling may need more rounds (up to algo.dynamic_sampling_max_rounds): the
   # plan counts one, the report says so
-  return [Program("prefill", sampler.prefill, 1, resident, s.rows * s.sampler_prompt_len),
-          Program("decode", sampler.decode, s.response_len, resident, s.decode_rows)]
+  cfg, chips = run.model_cfg, (run.sampler_mesh or run.mesh).size
+  group = run.specs.rollout.n if run.specs.rollout.share_prefill else 1
+  p, context = s.sampler_prompt_len, s.sampler_prompt_len + s.response_len
+  prefill = s.rows // group * p * forward_flops_per_token(cfg, p) / chips
+  decode = s.decode_rows * forward_flops_per_token(cfg, context) / chips
+  return [Program("prefill", sampler.prefill, 1, resident, s.rows * p, prefill),
+          Program("decode", sampler.decode, s.response_len, resident, s.decode_rows, decode)]
 
 
 def iteration_programs(run: AbstractRun) -> list[Program]:

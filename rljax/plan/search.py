@@ -126,9 +126,10 @@ def _combined(scored: list[Candidate]) -> dict:
   return out
 
 
-def candidates(config, run, reports: list[dict], chips: int) -> list[Candidate]:
+def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
   """Every proposal for the failing programs of `reports`, with its estimate, ranked:
   those estimated to fit first, fewest changes first."""
+  devices, chips = target.devices, len(target.devices)
   failing = [r for r in reports if not r["fits"]]
   names = [r["name"] for r in failing]
   scored = []
@@ -137,12 +138,12 @@ def candidates(config, run, reports: list[dict], chips: int) -> list[Candidate]:
     new = _variant(config, overrides, chips)
     if new is None:
       continue
-    new_run = abstract_run(new, run.mesh.devices.flatten().tolist())
+    new_run = abstract_run(new, devices, target.topology)
     estimate = max(_scale(run, new_run, overrides, r) for r in failing)
     scored.append(Candidate(overrides, why, estimate))
   combo = _combined(scored)
   if len(combo) > 1 and _variant(config, combo, chips) is not None:
-    new_run = abstract_run(_variant(config, combo, chips), run.mesh.devices.flatten().tolist())
+    new_run = abstract_run(_variant(config, combo, chips), devices, target.topology)
     scored.append(Candidate(combo, "these changes together",
                             max(_scale(run, new_run, combo, r) for r in failing)))
   limit = failing[0]["hbm_bytes"] or float("inf")
@@ -156,13 +157,14 @@ def search(config, run, target, result: dict, *, budget: int, compile_fn, progre
   first that fits, else the best-estimated one (untried)."""
   reports = result["programs"]
   chips = len(target.devices)
-  ranked = candidates(config, run, reports, chips)
+  ranked = candidates(config, run, reports, target)
   failing = [r["name"] for r in reports if not r["fits"]]
   suggestion = None
   for candidate in ranked[:budget]:
     if progress:
       progress(f"trying {candidate.overrides} ({candidate.why}) ...")
-    new_run = abstract_run(_variant(config, candidate.overrides, chips), target.devices)
+    new_run = abstract_run(_variant(config, candidate.overrides, chips), target.devices,
+                           target.topology)
     tried = compile_fn(new_run, target, only=failing)
     if all(r["fits"] for r in tried):
       others = [r["name"] for r in reports if r["name"] not in failing]

@@ -169,6 +169,23 @@ def parse_topology(name: str) -> Topology:
   return Topology(name=name, chip=CHIPS[version], shape=table[chips], chips=chips)
 
 
+def sub_topology(topology: Topology, chips: int) -> Topology:
+  """A slice of `chips` chips of the same version: compile-only devices must be a whole
+  slice (libtpu numbers a program's devices from 0), so a trainer's or a sampler's share
+  of a slice is planned on a slice of its own size.
+
+  Raises:
+    TopologyError: no slice of that size.
+  """
+  table = SHAPES_3D if len(topology.shape) == 3 else SHAPES_2D
+  if chips not in table:
+    raise TopologyError(f"{topology.name}: a share of {chips} chips (parallel.num_devices / "
+                        f"parallel.sampler_devices) is not a {topology.chip.name} slice; "
+                        f"shares of [{_known(table)}] chips can be planned")
+  return Topology(name=f"{topology.chip.name}:{'x'.join(map(str, table[chips]))}",
+                  chip=topology.chip, shape=table[chips], chips=chips)
+
+
 def libtpu_installed() -> bool:
   return importlib.util.find_spec("libtpu") is not None
 

@@ -64,12 +64,12 @@ class Run:
     return self.task.heldout_prompts()[:self.specs.rollout.eval_size or None]
 
 
-def meshes(config, devices=None):
+def meshes(config, devices=None, *, split=parallel.split_devices):
   """(the trainer's mesh, the sampler's mesh or None when it shares the trainer's), over
-  `devices` (default: all of this host's; `rljax plan`: a TPU slice's compile-only ones)."""
+  `devices` (default: all of this host's; `rljax plan`: a TPU slice's compile-only ones,
+  with its own `split(devices, sampler_count) -> (trainer, sampler devices)`)."""
   p = config.parallel
-  trainer, sampler = parallel.split_devices(parallel.select_devices(p.num_devices, devices),
-                                            p.sampler_devices)
+  trainer, sampler = split(parallel.select_devices(p.num_devices, devices), p.sampler_devices)
   mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=trainer)
   if not p.sampler_devices:
     return mesh, None
