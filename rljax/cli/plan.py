@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
+import jax
+
 from rljax.cli.commands import parse_train_args
 from rljax.cli.overrides import UsageError, typed_overrides
 from rljax.plan import (
@@ -65,6 +67,9 @@ def plan_command(argv):
   """`rljax plan ARGV`: prints the plan (`--json`: one JSON object) and exits 0 / 3 / 2."""
   options, rest = split_plan_args(argv)
   args = parse_train_args(rest)
+  # compile-only executables cannot be read back from a persistent cache (no TPU client):
+  # writing them there would only fill it
+  jax.config.update("jax_enable_compilation_cache", False)
   progress = lambda line: print(f"[rljax plan] {line}", file=sys.stderr, flush=True)  # noqa: E731
   try:
     target = Target.resolve(options["topology"])

@@ -10,6 +10,7 @@ them) and the model FLOPs of the program (its roofline counts compute only).
 from __future__ import annotations
 
 import time
+import warnings
 
 import jax
 
@@ -74,7 +75,9 @@ def measure(program: Program, chip, hbm_limit: float | None, devices: int) -> di
   lowered, args = program.lower()
   t1 = time.perf_counter()
   try:
-    compiled = lowered.compile()
+    with warnings.catch_warnings():   # a persistent cache cannot load compile-only programs
+      warnings.filterwarnings("ignore", message="Error reading persistent compilation cache")
+      compiled = lowered.compile()
     report = None
   except jax.errors.JaxRuntimeError as err:
     report = _failed(program, args, err)

@@ -161,10 +161,12 @@ def parse_topology(name: str) -> Topology:
   version, count = ALIASES[slice_.group(1)], int(slice_.group(2))
   per_chip = TENSORCORES_PER_CHIP[version]
   table = SHAPES_3D if version in ("v4", "v5p") else SHAPES_2D
+  unit = "TensorCores (two per chip)" if per_chip == 2 else "chips"
   if count % per_chip or count // per_chip not in table:
-    raise TopologyError(f"{name!r} is not a {version} slice this table knows; "
-                        f"{version}-N takes N in [{_known(table, per_chip)}] (or give the chip "
-                        f"grid, e.g. {version}:{'x'.join(['4'] * len(next(iter(table.values()))))})")
+    grid = "x".join(["4"] * len(next(iter(table.values()))))
+    raise TopologyError(f"{name!r} is not a {version} slice this table knows: {version}-N counts "
+                        f"{unit} and takes N in [{_known(table, per_chip)}] (or give the chip "
+                        f"grid, e.g. {version}:{grid})")
   chips = count // per_chip
   return Topology(name=name, chip=CHIPS[version], shape=table[chips], chips=chips)
 
