@@ -140,11 +140,13 @@ def _check_mesh(errors, c, num_devices):
   if num_devices % fixed:
     errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
     return
-  data = p.data if p.data > 0 else num_devices // fixed
-  if data * fixed != num_devices:
-    errors.append(f"parallel: data*fsdp*tensor={data * fixed} must equal the {num_devices} devices")
+  sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
+  data, fsdp = sizes[0], sizes[1]
+  if sizes[0] * sizes[1] * sizes[2] != num_devices:
+    errors.append(f"parallel: data*fsdp*tensor={sizes[0] * sizes[1] * sizes[2]} must equal "
+                  f"the {num_devices} devices")
     return
-  batch_axes = data * p.fsdp
+  batch_axes = data * fsdp
   split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
   micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
   if micro % batch_axes:
