@@ -36,7 +36,7 @@ from rljax.cli.commands import (
   train_config,
 )
 from rljax.cli.overrides import UsageError, parse_field_value, parse_seeds, typed_overrides
-from rljax.cli.plan import plan_command
+from rljax.cli.plan import plan_command, plan_config
 from rljax.parallel import initialize_distributed
 
 COMMANDS = {"train": train_command, "ablate": ablate_command, "eval": eval_command,
@@ -59,4 +59,5 @@ def main(argv=None) -> None:
 
 __all__ = ["COMMANDS", "TrainArgs", "UsageError", "ablate_configs", "check_named_files",
            "eval_config", "main", "parse_field_value", "parse_seeds", "parse_train_args",
+           "plan_config",
            "train_config", "typed_overrides"]

@@ -4,7 +4,8 @@ Compiles every program of one RL iteration for a TPU slice from this host (nothi
 no weights are read) and prints what each needs and costs. Exit status: 0 when everything
 fits, 3 when something does not (the plan names the largest buffers and the change that
 would make it fit), 2 on bad input (a command line, a config, a topology, or libtpu
-missing for a TPU topology).
+missing for a TPU topology). `--check` validates the config for the slice's chips and
+compiles nothing (no libtpu needed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rljax.plan import (
   LibtpuMissing,
   Target,
   TopologyError,
+  parse_topology,
   plan,
   result_line,
   text,
@@ -31,8 +33,8 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 3, 2
 
 
 def split_plan_args(argv) -> tuple[dict, list]:
-  """({"topology", "json", "search"}, the remaining `--config ...` arguments)."""
-  options, rest = {"topology": None, "json": False, "search": 3}, []
+  """({"topology", "json", "check", "search"}, the remaining `--config ...` arguments)."""
+  options, rest = {"topology": None, "json": False, "check": False, "search": 3}, []
   args = list(argv)
   while args:
     arg = args.pop(0)
@@ -43,10 +45,8 @@ def split_plan_args(argv) -> tuple[dict, list]:
           raise UsageError(f"{name} needs a value")
         value = args.pop(0)
       options[name[2:]] = value
-    elif arg == "--json":
-      options["json"] = True
-    elif arg == "--check":
-      raise UsageError("rljax plan has no --check: it only compiles")
+    elif arg in ("--json", "--check"):
+      options[arg[2:]] = True
     else:
       rest.append(arg)
   if not options["topology"]:
@@ -63,10 +63,39 @@ def _fail(message: str) -> None:
   raise SystemExit(EXIT_BAD_INPUT)
 
 
-def plan_command(argv):
-  """`rljax plan ARGV`: prints the plan (`--json`: one JSON object) and exits 0 / 3 / 2."""
+def plan_config(argv):
+  """The config `rljax plan ARGV` would plan, validated for the topology's chips (nothing is
+  compiled and libtpu is not needed).
+
+  Raises:
+    UsageError, TopologyError, ConfigError (and the experiment file's own errors).
+  """
   options, rest = split_plan_args(argv)
   args = parse_train_args(rest)
+  topology = parse_topology(options["topology"])
+  chips = topology.chips or len(jax.devices())
+  return load_config(args.spec, typed_overrides(args.overrides), num_devices=chips), topology
+
+
+def _check(argv):
+  try:
+    config, topology = plan_config(argv)
+  except (TopologyError, ConfigError, FileNotFoundError, KeyError, ValueError) as e:
+    _fail(e.args[0] if isinstance(e, KeyError) and e.args else str(e))
+  p = config.parallel
+  print(f"rljax plan --check: the config is valid for {topology.name} "
+        f"({topology.chips or len(jax.devices())} chips; parallel data={p.data} fsdp={p.fsdp} "
+        f"tensor={p.tensor}); nothing was compiled")
+  return config
+
+
+def plan_command(argv):
+  """`rljax plan ARGV`: prints the plan (`--json`: one JSON object) and exits 0 / 3 / 2
+  (`--check`: returns the validated config)."""
+  options, rest = split_plan_args(argv)
+  args = parse_train_args(rest)
+  if options["check"]:
+    return _check(argv)
   # compile-only executables cannot be read back from a persistent cache (no TPU client):
   # writing them there would only fill it
   jax.config.update("jax_enable_compilation_cache", False)

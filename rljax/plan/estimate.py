@@ -57,7 +57,7 @@ def iteration(programs: list[dict], *, model_cfg: ModelConfig, context: int, chi
     phases[PHASES[p["name"]]] += (p["roofline_s"] or 0.0) * p["calls"]
   update = next((p for p in programs if p["name"] == "update"), None)
   mfu = None
-  if update and update["roofline_s"]:
+  if update and update["roofline_s"] and update["compiled"]:
     useful = update["tokens"] * training_flops_per_token(model_cfg, context, lora=lora)
     mfu = useful / (chips * peak_flops * update["roofline_s"])
   return {"roofline_s": sum(phases.values()), **{f"{k}_s": v for k, v in phases.items()},

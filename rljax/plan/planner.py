@@ -97,6 +97,10 @@ def summary(run: AbstractRun, target: Target, reports: list[dict]) -> dict:
   if run.specs.rollout.max_rounds > 1:
     notes.append(f"dynamic sampling may generate up to {run.specs.rollout.max_rounds} rounds "
                  "per iteration; the estimate counts one")
+  failed = [r["name"] for r in reports if not r["compiled"]]
+  if failed:
+    notes.append(f"{', '.join(failed)} did not compile: their roofline counts their model "
+                 "FLOPs only (no bytes), and the update's MFU is not estimated")
   if run.sampler_mesh is not None:
     notes.append(f"the sampler has {run.sampler_mesh.size} chips of its own (each share "
                  "compiled as a slice of its size); with sampling.max_staleness > 0 generation "

@@ -128,7 +128,8 @@ def _combined(scored: list[Candidate]) -> dict:
 
 def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
   """Every proposal for the failing programs of `reports`, with its estimate, ranked:
-  those estimated to fit first, fewest changes first."""
+  those estimated to fit first (fewest changes first, LoRA last), then the others by
+  their estimate."""
   devices, chips = target.devices, len(target.devices)
   failing = [r for r in reports if not r["fits"]]
   names = [r["name"] for r in failing]
@@ -147,8 +148,12 @@ def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
     scored.append(Candidate(combo, "these changes together",
                             max(_scale(run, new_run, combo, r) for r in failing)))
   limit = failing[0]["hbm_bytes"] or float("inf")
-  lora = lambda c: "model.lora_rank" in c.overrides  # noqa: E731
-  return sorted(scored, key=lambda c: (c.estimate > limit, lora(c), len(c.overrides), c.estimate))
+
+  def rank(c):   # estimated to fit: the smallest change first; else the smallest estimate
+    if c.estimate > limit:
+      return (1, False, 0, c.estimate)
+    return (0, "model.lora_rank" in c.overrides, len(c.overrides), c.estimate)
+  return sorted(scored, key=rank)
 
 
 def search(config, run, target, result: dict, *, budget: int, compile_fn, progress=None) -> dict:
