@@ -3,8 +3,9 @@ compiled to check.
 
 Candidates, from the least to the most change to the run: another `data × fsdp × tensor`
 factorisation of the slice, more micro-batches, remat, the static sampler (its parameters
-stay sharded where the continuous sampler gathers them on every device), the reference in
-host memory, all of these together, and LoRA (which changes the method). Each is scored by
+stay sharded where the continuous sampler gathers them on every device), fewer decode
+slots, the reference in host memory, all of these together, and LoRA (which changes the
+method). Each is scored by
 a coarse estimate of the failing programs' per-chip bytes: the run's state scales as its
 exact per-chip size under the candidate, activations with the rows each chip holds, the
 micro-batch split, remat and the tensor split. The estimate only orders them; a candidate
@@ -81,6 +82,10 @@ def _scale(run, new_run, overrides: dict, report: dict) -> float:
     act *= run.shapes.microbatches / new_run.shapes.microbatches
   if name == "update" and overrides.get("model.remat") and not run.model_cfg.remat:
     act *= REMAT_KEEPS
+  if name == "decode" and "sampling.slots" in overrides:   # the cache and carry scale
+    ratio = new_run.shapes.decode_rows / run.shapes.decode_rows
+    params = per_chip_bytes(run.state.actor)
+    return b["resident"] + params + (b["arguments"] - params + act) * ratio
   if name in SAMPLING and overrides.get("sampling.continuous") is False:
     shard = per_chip_bytes(new_run.state.actor)   # gathered whole per device, twice (fused)
     whole = shard * new_run.mesh.shape["fsdp"] * new_run.mesh.shape["tensor"]
@@ -103,6 +108,12 @@ def _proposals(config, run, failing: list[str], chips: int) -> list[tuple[dict, 
     out.append(({"model.remat": True}, "rematerialise each decoder block"))
   if s.continuous and any(name in SAMPLING for name in failing):
     out.append(({"sampling.continuous": False}, "the static sampler: parameters stay sharded"))
+  shards = run.mesh.shape["data"] * run.mesh.shape["fsdp"]
+  if s.continuous and "decode" in failing:
+    for k in (2, 4, 8):
+      slots = run.shapes.decode_rows // k // shards * shards
+      if slots >= shards:
+        out.append(({"sampling.slots": slots}, f"{k}x fewer decode slots (a smaller KV cache)"))
   if run.state.ref is not None and not a.reference_offload:
     out.append(({"algo.reference_offload": True}, "the reference in host memory"))
   if not m.lora_rank:
