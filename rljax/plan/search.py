@@ -161,9 +161,10 @@ def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
   limit = failing[0]["hbm_bytes"] or float("inf")
 
   def rank(c):   # estimated to fit: the smallest change first; else the smallest estimate
+    lora = "model.lora_rank" in c.overrides   # changes the method: last in either group
     if c.estimate > limit:
-      return (1, False, 0, c.estimate)
-    return (0, "model.lora_rank" in c.overrides, len(c.overrides), c.estimate)
+      return (1, lora, 0, c.estimate)
+    return (0, lora, len(c.overrides), c.estimate)
   return sorted(scored, key=rank)
 
 
