@@ -1,6 +1,8 @@
 """Reading optimized HLO text and the TPU compiler's out-of-memory reports (hand-written
 modules in the compiler's text format; nothing is compiled)."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from rljax.plan import hlo
@@ -90,3 +92,13 @@ def test_out_of_memory_reports(message, required, available, allocations):
                                      "op": "jit(f)/attn/dot_general"}
     assert oom["allocations"][1]["bytes"] == 512 * 2 ** 20
   assert hlo.out_of_memory("INTERNAL: something else") is None
+
+
+def test_largest_lowered_names_the_attention_scores():
+  def attention(q, k):
+    return jax.nn.softmax(jnp.einsum("bqd,bkd->bqk", q, k)) @ k
+  x = jax.ShapeDtypeStruct((2, 256, 8), jnp.float32)
+  text = jax.jit(attention).lower(x, x).as_text(debug_info=True)
+  top = hlo.largest_lowered(text, 1)[0]
+  assert top["shape"] == "f32[2,256,256]" and top["bytes"] == 2 * 256 * 256 * 4
+  assert top["whole_mesh"] and "jit(attention)" in top["op"]

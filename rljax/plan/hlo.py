@@ -168,3 +168,30 @@ def out_of_memory(message: str) -> dict | None:
                                "shape": shape.group(1) if shape else "",
                                "op": op.group(1) if op else ""})
   return out
+
+
+_MLIR_DTYPES = {"i1": "pred", "bf16": "bf16", "f16": "f16", "f32": "f32", "f64": "f64",
+                "i8": "s8", "i16": "s16", "i32": "s32", "i64": "s64", "ui8": "u8",
+                "ui32": "u32", "ui64": "u64"}
+_MLIR_OP = re.compile(r"= stablehlo\.(\w+) .*tensor<([\dx]+)x(\w+)> loc\((#loc\d+)\)\s*$")
+_MLIR_LOC = re.compile(r'^(#loc\d+) = loc\("([^"]+)"')
+
+
+def largest_lowered(text: str, k: int = 5) -> list[dict]:
+  """The `k` largest results of a lowered (not yet partitioned) program's ops, from its
+  StableHLO text with debug info: whole-mesh shapes (before sharding), for a program the
+  compiler gave up on before listing its own allocations."""
+  names = {m.group(1): m.group(2) for m in map(_MLIR_LOC.match, text.splitlines()) if m}
+  seen = {}
+  for line in text.splitlines():
+    m = _MLIR_OP.search(line)
+    if not m:
+      continue
+    dims, dtype = [int(d) for d in m.group(2).split("x")], _MLIR_DTYPES.get(m.group(3), m.group(3))
+    shape = f"{dtype}[{','.join(map(str, dims))}]"
+    op = names.get(m.group(4), m.group(1))
+    size = shape_bytes(shape)[0] if shape_bytes(shape) else 0
+    seen[(op, shape)] = max(seen.get((op, shape), 0), size)
+  top = sorted(seen.items(), key=lambda kv: -kv[1])[:k]
+  return [{"bytes": size, "shape": shape, "op": op, "whole_mesh": True}
+          for (op, shape), size in top]

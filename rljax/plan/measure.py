@@ -45,7 +45,7 @@ def _memory(compiled, resident: float) -> dict:
   return out
 
 
-def _failed(program: Program, args, err) -> dict:
+def _failed(program: Program, lowered, args, err) -> dict:
   """The report of a program the compiler refused (out of memory) or failed to compile
 (any other error: its message, and the arguments' bytes as its memory)."""
   oom = hlo.out_of_memory(str(err)) or {"required": 0.0, "available": None, "allocations": []}
@@ -59,7 +59,9 @@ def _failed(program: Program, args, err) -> dict:
                              "temporaries": max(required - arguments, 0.0), "aliases": 0.0,
                              "generated_code": 0.0, "resident": program.resident,
                              "total": required + program.resident},
-          "compiler_available": oom["available"], "largest_buffers": oom["allocations"],
+          "compiler_available": oom["available"],
+          "largest_buffers": oom["allocations"] or hlo.largest_lowered(
+              lowered.as_text(debug_info=True)),
           "collectives": {}}
 
 
@@ -80,7 +82,7 @@ def measure(program: Program, chip, hbm_limit: float | None, devices: int) -> di
       compiled = lowered.compile()
     report = None
   except jax.errors.JaxRuntimeError as err:
-    report = _failed(program, args, err)
+    report = _failed(program, lowered, args, err)
   t2 = time.perf_counter()
   if report is None:
     cost = _cost(compiled.cost_analysis())

@@ -46,7 +46,8 @@ def _not_fitting(plan: dict) -> list[str]:
                              f"{_gb(p['hbm_bytes'])} GB")
     lines.append(f"- {p['name']} does not fit: {why}")
     for buf in p["largest_buffers"][:3]:
-      lines.append(f"    {_gb(buf['bytes'])} GB {buf['shape']}  ({buf['op'][-90:]})")
+      where = " (whole mesh, before sharding)" if buf.get("whole_mesh") else ""
+      lines.append(f"    {_gb(buf['bytes'])} GB {buf['shape']}{where}  ({buf['op'][-90:]})")
   search = plan.get("search") or {}
   tried = [c for c in search.get("candidates", []) if c["tried"]]
   for c in tried:
