@@ -97,6 +97,16 @@ def summary(run: AbstractRun, target: Target, reports: list[dict]) -> dict:
   if run.specs.rollout.max_rounds > 1:
     notes.append(f"dynamic sampling may generate up to {run.specs.rollout.max_rounds} rounds "
                  "per iteration; the estimate counts one")
+  c = run.config
+  if c.task.env:
+    notes.append("multi-turn episodes are planned as one generation of "
+                 "sampling.max_total_tokens (the episodic sampler's own program is not compiled)")
+  unplanned = [what for what, on in (("the supervised warm start (sft.steps)", c.sft.steps),
+                                     ("rejection-sampling SFT (algo.rsft_every)", c.algo.rsft_every),
+                                     ("held-out evaluation (its own sampling)", c.run.eval_every))
+               if on]
+  if unplanned:
+    notes.append("not planned: " + "; ".join(unplanned))
   failed = [r["name"] for r in reports if not r["compiled"]]
   if failed:
     notes.append(f"{', '.join(failed)} did not compile: their roofline counts their model "
