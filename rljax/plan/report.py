@@ -54,6 +54,9 @@ def _not_fitting(plan: dict) -> list[str]:
     lines.append(f"  tried {_flags(c['overrides'])}: {'fits' if c['fits'] else 'does not fit'} "
                  f"(largest {_gb(max(c['totals'].values(), default=0))} GB)")
   best = search.get("suggestion")
+  if search and not best:
+    lines.append("- no change the search knows is estimated to fit: the largest arrays above "
+                 "must shrink (e.g. a memory-linear attention for [B, H, S, S] scores)")
   if best:
     state = ("compiled, fits" if best["fits"] else
              f"not compiled; estimated {_gb(best['estimate'])} GB per chip")

@@ -154,7 +154,8 @@ def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
     estimate = max(_scale(run, new_run, overrides, r) for r in failing)
     scored.append(Candidate(overrides, why, estimate))
   combo = _combined(scored)
-  if len(combo) > 1 and _variant(config, combo, chips) is not None:
+  fresh = all(combo != c.overrides for c in scored)
+  if fresh and len(combo) > 1 and _variant(config, combo, chips) is not None:
     new_run = abstract_run(_variant(config, combo, chips), devices, target.topology)
     scored.append(Candidate(combo, "these changes together",
                             max(_scale(run, new_run, combo, r) for r in failing)))
@@ -171,7 +172,7 @@ def candidates(config, run, reports: list[dict], target) -> list[Candidate]:
 def search(config, run, target, result: dict, *, budget: int, compile_fn, progress=None) -> dict:
   """{"candidates": [...], "suggestion": ...}: the ranked candidates; the first `budget`
   compiled (the failing programs first, the others once those fit); the suggestion is the
-  first that fits, else the best-estimated one (untried)."""
+  first that fits, else the first untried one estimated to fit, else None."""
   reports = result["programs"]
   chips = len(target.devices)
   ranked = candidates(config, run, reports, target)
@@ -191,8 +192,9 @@ def search(config, run, target, result: dict, *, budget: int, compile_fn, progre
     if candidate.fits:
       suggestion = candidate
       break
-  if suggestion is None and ranked:
-    suggestion = next((c for c in ranked if not c.tried), ranked[0])
+  limit = target.hbm_limit or float("inf")
+  if suggestion is None:   # untried, but estimated to fit; else nothing to suggest
+    suggestion = next((c for c in ranked if not c.tried and c.estimate <= limit), None)
   return {"candidates": [dataclasses.asdict(c) for c in ranked],
           "suggestion": dataclasses.asdict(suggestion) if suggestion else None,
           "budget": budget}
