@@ -35,6 +35,11 @@ class Target:
 
   @classmethod
   def resolve(cls, name: str) -> Target:
+    """The slice `name` names, its devices (compile-only for a TPU) and HBM limit.
+
+    Raises:
+      TopologyError, LibtpuMissing.
+    """
     topology = parse_topology(name)
     devices = topology_devices(topology)
     if topology.chip is None:

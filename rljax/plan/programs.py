@@ -102,6 +102,8 @@ def minibatch(run: AbstractRun) -> dict:
 
 
 def update_program(run: AbstractRun, teacher_bytes: float) -> Program:
+  """The jitted update step `build_update_step` makes, on the plan's state and minibatch
+  (`epochs x minibatches` calls; the reference and a teacher stay resident)."""
   s, specs, p, state = run.shapes, run.specs, run.params, run.state
   step = build_update_step(specs.loss, p.actor_graphdef, p.critic_graphdef, p.actor_tx,
                            p.critic_tx, s.microbatches,
@@ -109,6 +111,7 @@ def update_program(run: AbstractRun, teacher_bytes: float) -> Program:
                            mesh=run.mesh)
   train_actor = jax.ShapeDtypeStruct((), jnp.bool_,
                                      sharding=NamedSharding(run.mesh, PartitionSpec()))
+
   def lower():
     mb = minibatch(run)
     return step.lower(state, mb, train_actor), (state._replace(ref=None), mb, train_actor)

@@ -24,6 +24,7 @@ def _collectives(c: dict) -> str:
 
 
 def program_table(programs: list[dict]) -> list[str]:
+  """The Markdown table of the programs' reports, one line each."""
   head = ("| program | fits | per-chip GB (args / out / temp / resident = total) | HBM GB "
           "| TFLOP | GB moved | roofline | calls | compile s |")
   lines = [head, "|" + "---|" * 9]

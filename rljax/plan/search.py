@@ -29,6 +29,8 @@ LORA_RANK = 64
 
 @dataclasses.dataclass
 class Candidate:
+  """A change to the config (`overrides`, as `--config.FIELD=VALUE`) and what it did."""
+
   overrides: dict
   why: str
   estimate: float = 0.0     # estimated largest per-chip total of the failing programs

@@ -103,6 +103,7 @@ class Topology:
 
   @property
   def libtpu_name(self) -> str:
+    """The chip-grid name libtpu takes, e.g. "v5p:4x4x4"."""
     return f"{LIBTPU_NAMES[self.chip.name]}:{'x'.join(map(str, self.shape))}"
 
   def compile_options(self) -> dict:
@@ -189,6 +190,7 @@ def sub_topology(topology: Topology, chips: int) -> Topology:
 
 
 def libtpu_installed() -> bool:
+  """Whether the TPU compiler (the `libtpu` package) can be imported."""
   return importlib.util.find_spec("libtpu") is not None
 
 
