@@ -28,7 +28,7 @@ REPO = pathlib.Path(__file__).parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 NEEDS = re.compile(r"\s#\s*needs\b\s*(.*)$")
-SUBCOMMAND = re.compile(r"\brljax\s+(train|ablate|eval)\b")
+SUBCOMMAND = re.compile(r"\brljax\s+(train|ablate|eval|plan)\b")
 
 
 @dataclasses.dataclass
@@ -141,13 +141,13 @@ def workdir(tmp_path_factory):
 def test_the_pages_hold_the_commands_this_test_checks():
   where = {c.where.split(":")[0] for c in COMMANDS}
   assert {"README.md", "docs/multiturn.md", "docs/lora.md", "docs/results.md"} <= where
-  assert {c.argv[0] for c in COMMANDS} == {"train", "ablate", "eval"}
+  assert {c.argv[0] for c in COMMANDS} == {"train", "ablate", "eval", "plan"}
   assert len(COMMANDS) >= 15
   assert {"my_ablation.py", "my_rewards.py", "my_env.py"} <= set(shown_files())
 
 
 def test_no_command_hides_where_this_test_cannot_see_it():
-  """An `rljax train|ablate|eval` in a shell block must start its line (not follow `&&`,
+  """An `rljax train|ablate|eval|plan` in a shell block must start its line (not follow `&&`,
   `;` or a loop), or this test would skip it."""
   hidden = [(where, text) for page in PAGES for where, text in shell_lines(page)
             if SUBCOMMAND.search(text) and not text.startswith(("rljax ", "python -m rljax",
@@ -160,7 +160,8 @@ def test_command_works_as_written(command, workdir, monkeypatch, capsys):
   monkeypatch.chdir(workdir)
   sub, args = command.argv[0], command.argv[1:]
   if command.needs:   # validated offline, then skipped for what it needs
-    {"train": cli.train_config, "ablate": cli.ablate_configs, "eval": cli.eval_config}[sub](args)
+    {"train": cli.train_config, "ablate": cli.ablate_configs, "eval": cli.eval_config,
+     "plan": cli.plan_config}[sub](args)
     pytest.skip(f"{command.where}: validated only; needs {command.needs}")
   try:
     cli.main(command.argv + ([] if "--check" in args else ["--check"]))

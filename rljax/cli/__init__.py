@@ -1,9 +1,10 @@
-"""Command line: `rljax train | ablate | eval` (also `python -m rljax`).
+"""Command line: `rljax train | ablate | eval | plan` (also `python -m rljax`).
 
   rljax train --config experiments/grpo.py[:arg] [--config.algo.eps_high=0.28 ...] [--check]
   rljax ablate experiments/dapo.py [--seeds 0,1,2 | 0-5] [--set FIELD=VALUE ...] [--out DIR]
                [--check]
   rljax eval --run runs/NAME [--check]
+  rljax plan --config EXP[:arg] [--config.FIELD=...] --topology v5p-32 [--json] [--search N]
 
 Every config field can be set, `--config.a.b=v` (or `--config.a.b v`) for `train` and
 `--set a.b=v` for `ablate`; the text is read in the type of the field's default in
@@ -35,9 +36,11 @@ from rljax.cli.commands import (
   train_config,
 )
 from rljax.cli.overrides import UsageError, parse_field_value, parse_seeds, typed_overrides
+from rljax.cli.plan import plan_command, plan_config
 from rljax.parallel import initialize_distributed
 
-COMMANDS = {"train": train_command, "ablate": ablate_command, "eval": eval_command}
+COMMANDS = {"train": train_command, "ablate": ablate_command, "eval": eval_command,
+            "plan": plan_command}
 
 
 def main(argv=None) -> None:
@@ -56,4 +59,5 @@ def main(argv=None) -> None:
 
 __all__ = ["COMMANDS", "TrainArgs", "UsageError", "ablate_configs", "check_named_files",
            "eval_config", "main", "parse_field_value", "parse_seeds", "parse_train_args",
+           "plan_config",
            "train_config", "typed_overrides"]

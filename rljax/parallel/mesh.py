@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -71,11 +72,20 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, expert: int = 1
     raise ValueError(f"make_mesh: {len(devices)} devices not divisible by expert={expert}")
   sizes = _axis_sizes([data, fsdp, tensor], len(devices) // expert)
   if expert == 1:
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                         devices=devices)
-  return jax.make_mesh((sizes[0], sizes[1], expert, sizes[2]),
-                       ("data", "fsdp", EXPERT_AXIS, "tensor"),
-                       axis_types=(AxisType.Auto,) * 4, devices=devices)
+    return _physical_mesh(tuple(sizes), MESH_AXES, devices)
+  return _physical_mesh((sizes[0], sizes[1], expert, sizes[2]),
+                        ("data", "fsdp", EXPERT_AXIS, "tensor"), devices)
+
+
+def _physical_mesh(shape, names, devices) -> Mesh:
+  """The devices ordered along the TPU torus when they form a physical sub-mesh, else in
+  their given order (e.g. a sampler's share of a slice, `split_devices`, not a rectangle of
+  chips)."""
+  axis_types = (AxisType.Auto,) * len(shape)
+  try:
+    return jax.make_mesh(shape, names, axis_types=axis_types, devices=devices)
+  except (AssertionError, ValueError, NotImplementedError):
+    return Mesh(np.asarray(devices, dtype=object).reshape(shape), names, axis_types=axis_types)
 
 
 def _axis_sizes(sizes: list[int], num_devices: int) -> list[int]:

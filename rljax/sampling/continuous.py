@@ -36,6 +36,7 @@ from rljax.sampling.decode import (
   check_prompts,
   data_shards,
   decode_segments,
+  fused_weights,
   is_stop,
   place_rows,
   prefill,
@@ -136,7 +137,7 @@ class _Machinery:
     self.spec, self.share_prefill = spec, share_prefill
     self.requests, self.width = tokens_rw.shape
     self.t_max = spec.max_new_tokens
-    self.fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
+    self.fused = fused_weights(model)
     self.draw = functools.partial(
         sample_tokens, key=None, temperature=scalars_3[0], greedy=spec.greedy,
         top_k=spec.top_k, top_p=scalars_3[1] if spec.use_top_p else None,

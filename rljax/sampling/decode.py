@@ -64,13 +64,21 @@ def step_sampler(spec: DecodeSpec, scalars_3, rng, streams_r2):
   call (`stream_uniforms`); draw t of a row depends only on (rng, its stream, t), so a
   longer run extends a shorter one.
   """
+  if spec.greedy:
+    return step_from_uniforms(spec, scalars_3, None)
+  return step_from_uniforms(spec, scalars_3,
+                            stream_uniforms(rng, streams_r2, spec.max_new_tokens))
+
+
+def step_from_uniforms(spec: DecodeSpec, scalars_3, uniform_tr):
+  """`step_sampler`'s step, given the uniforms of all steps (uniform_tr [T, R], drawn once
+  per generation; None when greedy)."""
   draw = functools.partial(
       sample_tokens, temperature=scalars_3[0], greedy=spec.greedy, top_k=spec.top_k,
       top_p=scalars_3[1] if spec.use_top_p else None,
       min_p=scalars_3[2] if spec.use_min_p else None)
-  if spec.greedy:
+  if uniform_tr is None:
     return lambda t, logits_rv: draw(logits_rv, None)
-  uniform_tr = stream_uniforms(rng, streams_r2, spec.max_new_tokens)
   return lambda t, logits_rv: draw(
       logits_rv, None, uniform_b=jax.lax.dynamic_index_in_dim(uniform_tr, t, keepdims=False))
 
@@ -104,6 +112,33 @@ def shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int
   return prefill(model, tokens_rp, positions_rp, model.init_cache(r, p), kv_mask_rp, fused)
 
 
+def fused_weights(model) -> dict:
+  """`forward_cached`'s `fused=` keyword: q|k|v and gate|up concatenated once, for the
+  prefill and every decode step (fewer, wider matmuls); {} for a model without them."""
+  return {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
+
+
+def prefill_rows(model, tokens_rp, mask_rp, spec: DecodeSpec, fused):
+  """The prefill of the static sampler (and of the continuous one's resident rows).
+
+  Args:
+    tokens_rp, mask_rp: int [R, P] left-padded prompt rows.
+    fused: `fused_weights(model)`.
+  Returns:
+    (last-position logits [R, V], KV cache of P slots, prompt lengths [R], the attention
+    mask of all P + T slots [R, P + T]).
+  """
+  chex.assert_equal_shape((tokens_rp, mask_rp))
+  r, p = tokens_rp.shape
+  prompt_len_r = jnp.sum(mask_rp, axis=-1)
+  positions_rp = positions_from_mask(mask_rp)
+  kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, spec.max_new_tokens), mask_rp.dtype)],
+                               axis=1)
+  last_logits_rv, cache = shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
+                                          fused, spec.group)
+  return last_logits_rv, cache, prompt_len_r, kv_mask_rs
+
+
 def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_limit=None):
   """The static sampler's prefill and segmented decode loop.
 
@@ -114,17 +149,11 @@ def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_l
   Returns:
     the loop carry (t, last tokens [R], cache, `Decoded` with `truncated` = still alive).
   """
-  chex.assert_equal_shape((tokens_rp, mask_rp))
   r, p = tokens_rp.shape
   t_max = spec.max_new_tokens
-  prompt_len_r = jnp.sum(mask_rp, axis=-1)
-  positions_rp = positions_from_mask(mask_rp)
-  kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, t_max), mask_rp.dtype)], axis=1)
-  # q|k|v and gate|up concatenated once, for the prefill and every decode step: fewer,
-  # wider matmuls.
-  fused = {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
-  last_logits_rv, cache = shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
-                                          fused, spec.group)
+  fused = fused_weights(model)
+  last_logits_rv, cache, prompt_len_r, kv_mask_rs = prefill_rows(model, tokens_rp, mask_rp,
+                                                                 spec, fused)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
   out = Decoded(
       tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),

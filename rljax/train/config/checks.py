@@ -7,7 +7,9 @@ import re
 
 from rljax.data.records_task import ANSWER_EXTRACTORS
 from rljax.data.tasks import TASKS
+from rljax.models.hf import config_from_hf
 from rljax.models.lora import TARGETS as LORA_TARGETS
+from rljax.models.presets import hf_config_dict
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.ops.policy_loss import POLICY_LOSSES
 from rljax.train.config.checks_rollout import check_async, check_env
@@ -23,7 +25,7 @@ def check_combinations(errors, c):
   """Fields that are valid alone but not together (every feature's own checks)."""
   for check in (_check_advantages_and_rewards, _check_batch_split, _check_task, _check_data_source,
                 _check_rsft, _check_policy_loss_and_reference, _check_user_rewards, _check_lora,
-                check_env, _check_old_logp_from_update, check_async):
+                check_env, _check_old_logp_from_update, check_async, _check_model_source):
     check(errors, c)
 
 
@@ -221,3 +223,21 @@ def _check_rsft(errors, c):
     errors.append(f"algo.rsft_min_score={a.rsft_min_score!r} must be None or a number")
 
 
+
+
+def _check_model_source(errors, c):
+  """model.hf_path / model.hf_config (one source of the architecture, a readable one) and
+  plan.prompt_len."""
+  m = c.model
+  if m.hf_path and m.hf_config:
+    errors.append(f"model.hf_path={m.hf_path!r} and model.hf_config={m.hf_config!r} are both "
+                  "set: hf_path loads a checkpoint (with its own config.json), hf_config builds "
+                  "random weights of a preset's or a config.json's shapes; set one")
+  elif m.hf_config:
+    try:
+      config_from_hf(hf_config_dict(m.hf_config))
+    except ValueError as e:
+      errors.append(f"model.hf_config={m.hf_config!r}: {e}")
+  prompt_len = c.plan.prompt_len
+  _check(errors, isinstance(prompt_len, int) and prompt_len >= 0,
+         f"plan.prompt_len={prompt_len!r} must be an int >= 0 (0: the task's prompt columns)")

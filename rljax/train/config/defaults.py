@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from rljax.models.presets import hf_config_dict
 from rljax.train.config.algo_defaults import algo_defaults
 
 
@@ -15,7 +16,7 @@ def base_config() -> ConfigDict:
   """Every field rljax reads, with defaults for the embedded default run (GRPO)."""
   return ConfigDict(dict(
       run=_run(), model=_model(), task=_task(), sft=_sft(), sampling=_sampling(),
-      algo=algo_defaults(), optim=_optim(), parallel=_parallel(), eval=_eval()))
+      algo=algo_defaults(), optim=_optim(), parallel=_parallel(), eval=_eval(), plan=_plan()))
 
 
 EVAL_SET_FIELDS = ("source", "size", "greedy", "temperature", "k")
@@ -70,10 +71,14 @@ def _run() -> ConfigDict:
 
 def _model() -> ConfigDict:
   """The policy model."""
-  # The policy. `hf_path` loads a local Hugging Face checkpoint; otherwise a tiny
-  # character-level decoder is built from the fields below.
+  # The policy. `hf_path` loads a local Hugging Face checkpoint; `hf_config` builds random
+  # weights of a published architecture (a preset of rljax.models.presets, e.g. "qwen2.5-7b",
+  # or a config.json path; `rljax plan` reads only its shapes); otherwise a tiny
+  # character-level decoder is built from the fields below. dtype, param_dtype and remat
+  # apply to all three.
   return ConfigDict(dict(
       hf_path="",
+      hf_config="",
       vocab_size=0,            # 0: the tokenizer's vocabulary size
       hidden_size=128,
       intermediate_size=384,
@@ -232,6 +237,13 @@ def _parallel() -> ConfigDict:
                          sampler_tensor=1))
 
 
+def _plan() -> ConfigDict:
+  """What `rljax plan` needs beyond the run's own fields."""
+  # prompt_len: prompt columns P to plan for (0: the task's, as `rljax train` computes them
+  # from its prompts and tokenizer; set it when the plan host cannot load the data)
+  return ConfigDict(dict(prompt_len=0))
+
+
 def resolved_eval_sets(config) -> dict:
   """{name: {source, size, greedy, temperature, k}} of `eval.sets`: fields an entry leaves
   out take `eval_set()`'s defaults, and the `heldout` entry's None k / temperature are
@@ -250,6 +262,19 @@ def resolved_eval_sets(config) -> dict:
 def distill_teacher_dir(config) -> str:
   """`algo.distill_teacher` with "{seed}" replaced by `run.seed` ("" when off)."""
   return str(config.algo.distill_teacher).replace("{seed}", str(config.run.seed))
+
+
+def model_positions(config) -> int:
+  """The policy's position limit: the `max_position_embeddings` of `model.hf_config` (a
+  preset or a config.json) or of `model.hf_path`'s config.json when set and readable
+  (validation reports an unreadable hf_config), else `model.max_position_embeddings`."""
+  source = config.model.hf_config or config.model.hf_path
+  if source:
+    try:
+      return int(hf_config_dict(source).get("max_position_embeddings", 4096))
+    except ValueError:
+      pass
+  return int(config.model.max_position_embeddings)
 
 
 def completion_columns(config) -> int:

@@ -31,12 +31,15 @@ def import_experiment(path) -> object:
   return module
 
 
-def load_config(spec: str, overrides: dict | None = None) -> ConfigDict:
+def load_config(spec: str, overrides: dict | None = None, *,
+                num_devices: int | None = None) -> ConfigDict:
   """Loads `path[:arg]`, locks it, applies dotted overrides and validates it.
 
   Args:
     spec: "experiments/grpo.py" or "experiments/dapo.py:clip_higher".
     overrides: {"algo.eps_high": 0.28, ...}; an unknown key raises KeyError.
+    num_devices: the devices the mesh is checked against (default: this host's; `rljax
+      plan` passes the target slice's chips).
   """
   path_str, _, arg = spec.partition(":")
   path = pathlib.Path(path_str)
@@ -49,7 +52,7 @@ def load_config(spec: str, overrides: dict | None = None) -> ConfigDict:
   config = module.get_config(arg or None)
   config.lock()
   apply_overrides(config, overrides or {})
-  validate(config)
+  validate(config, num_devices=num_devices)
   return config
 
 

@@ -18,7 +18,7 @@ from rljax.ops.policy_loss import POLICY_LOSSES, RATIO_LEVELS
 from rljax.parallel.mesh import select_devices
 from rljax.train.config import checks
 from rljax.train.config.checks_distill_eval import check_distill, check_eval_sets
-from rljax.train.config.defaults import completion_columns
+from rljax.train.config.defaults import completion_columns, model_positions
 
 PF_PPO_METHODS = ("none", *advantages_group.PF_PPO_METHODS)
 REF_REFRESH_MODES = ("none", "mix", "reset")
@@ -140,11 +140,13 @@ def _check_mesh(errors, c, num_devices):
   if num_devices % fixed:
     errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
     return
-  data = p.data if p.data > 0 else num_devices // fixed
-  if data * fixed != num_devices:
-    errors.append(f"parallel: data*fsdp*tensor={data * fixed} must equal the {num_devices} devices")
+  sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
+  data, fsdp = sizes[0], sizes[1]
+  if sizes[0] * sizes[1] * sizes[2] != num_devices:
+    errors.append(f"parallel: data*fsdp*tensor={sizes[0] * sizes[1] * sizes[2]} must equal "
+                  f"the {num_devices} devices")
     return
-  batch_axes = data * p.fsdp
+  batch_axes = data * fsdp
   split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
   micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
   if micro % batch_axes:
@@ -184,7 +186,7 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
                   f"{devices} devices")
   else:
     _check_mesh(errors, config, devices - max(sampler, 0))
-  limit = max_positions or config.model.max_position_embeddings
+  limit = max_positions or model_positions(config)
   if completion_columns(config) >= limit:
     errors.append(f"sampling.max_new_tokens={completion_columns(config)} leaves no room for "
                   f"the prompt within the model's {limit} positions")

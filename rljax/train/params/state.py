@@ -74,6 +74,25 @@ def place_state(state, mesh):
   return jax.tree.map(put, state)
 
 
+def optimizer_shardings(tx, params):
+  """The shardings of `tx.init(params)`: every copy of the parameter tree in it (Adam's
+  moments) sharded like the parameters (`optax.tree_map_params`), the rest (step counts)
+  replicated on their mesh; None when the parameters are not on a mesh.
+
+  Note: `jax.jit(tx.init)` alone does not do this: the moments are `zeros_like(params)`,
+  which reads no parameter value, so jit put them on one device (and `place_state` then
+  replicated them on every device of the mesh).
+  """
+  first = next(iter(jax.tree.leaves(params)), None)
+  sharding = getattr(first, "sharding", None)
+  if not isinstance(sharding, NamedSharding):
+    return None
+  replicated = NamedSharding(sharding.mesh, PartitionSpec())
+  return optax.tree_map_params(tx, lambda _, p: p.sharding, jax.eval_shape(tx.init, params),
+                               params, transform_non_params=lambda _: replicated)
+
+
 def init_optimizer_state(tx, params):
-  """`tx.init` under jit, so moment buffers inherit the parameters' shardings."""
-  return jax.jit(tx.init)(params)
+  """`tx.init` under jit, its moment buffers sharded like the parameters
+  (`optimizer_shardings`)."""
+  return jax.jit(tx.init, out_shardings=optimizer_shardings(tx, params))(params)

@@ -64,11 +64,12 @@ class Run:
     return self.task.heldout_prompts()[:self.specs.rollout.eval_size or None]
 
 
-def _meshes(config):
-  """(the trainer's mesh, the sampler's mesh or None when it shares the trainer's)."""
+def meshes(config, devices=None, *, split=parallel.split_devices):
+  """(the trainer's mesh, the sampler's mesh or None when it shares the trainer's), over
+  `devices` (default: all of this host's; `rljax plan`: a TPU slice's compile-only ones,
+  with its own `split(devices, sampler_count) -> (trainer, sampler devices)`)."""
   p = config.parallel
-  trainer, sampler = parallel.split_devices(parallel.select_devices(p.num_devices),
-                                            p.sampler_devices)
+  trainer, sampler = split(parallel.select_devices(p.num_devices, devices), p.sampler_devices)
   mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=trainer)
   if not p.sampler_devices:
     return mesh, None
@@ -150,7 +151,7 @@ def build(config) -> Run:
   actor, critic, model_cfg = components.build_models(config, tokenizer)
   prompt_len = components.prompt_length(config, task, tokenizer,
                                         model_cfg.max_position_embeddings)
-  mesh, sampler_mesh = _meshes(config)
+  mesh, sampler_mesh = meshes(config)
   shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
   specs = build_specs(config, model_description=repr(model_cfg),
                       pack_groups=shards if config.algo.pack_sequences else 0)

@@ -19,8 +19,9 @@ from rljax.data.python_task import load_python_task
 from rljax.data.records_task import RecordsTask
 from rljax.data.tasks import make_task
 from rljax.data.tokenizers import DEFAULT_TAGS, CharTokenizer, HFTokenizer, check_vocab
-from rljax.models import Decoder, ModelConfig, add_lora, load_hf
+from rljax.models import Decoder, ModelConfig, add_lora, config_from_hf, load_hf
 from rljax.models.heads import ValueModel
+from rljax.models.presets import hf_config_dict
 from rljax.rewards.base import compose
 from rljax.rewards.reward_model import RewardModelScorer, load_reward_model
 from rljax.rewards.user import user_reward_terms
@@ -165,19 +166,46 @@ def tiny_model_config(config, vocab_size) -> ModelConfig:
       dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, arch="qwen2")
 
 
-def build_models(config, tokenizer):
-  """(actor, critic or None, model config). HF checkpoints or a tiny random decoder."""
-  rngs = nnx.Rngs(config.run.seed)
-  if config.model.hf_path:
-    actor, model_cfg = load_hf(config.model.hf_path, dtype=config.model.dtype)
-  else:
-    model_cfg = tiny_model_config(config, tokenizer.vocab_size)
-    actor = Decoder(model_cfg, rngs=rngs)
-  check_vocab(tokenizer, model_cfg.vocab_size)
+def model_config(config, vocab_size) -> ModelConfig:
+  """The policy's architecture: a checkpoint's config.json (`model.hf_path`), a preset's or a
+  config.json's shapes (`model.hf_config`), or the tiny decoder's fields; the `model`
+  group's dtype, param_dtype and remat apply to all three. No weights are read."""
+  m = config.model
+  if m.hf_path or m.hf_config:
+    return config_from_hf(hf_config_dict(m.hf_path or m.hf_config), dtype=m.dtype,
+                          param_dtype=m.param_dtype).replace(remat=bool(m.remat))
+  return tiny_model_config(config, vocab_size)
+
+
+def with_config(model, cfg: ModelConfig):
+  """`model`'s parameters in a `Decoder` built from `cfg` (same shapes, e.g. remat on)."""
+  if model.cfg == cfg:
+    return model
+  rebuilt = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  nnx.update(rebuilt, nnx.state(model))
+  return rebuilt
+
+
+def add_lora_of(config, model):
+  """`model` with the `model.lora_*` adapters (in place; none with lora_rank 0)."""
   m = config.model
   if m.lora_rank:
-    add_lora(actor, rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
+    add_lora(model, rank=m.lora_rank, alpha=m.lora_alpha, targets=tuple(m.lora_targets),
              rngs=nnx.Rngs(config.run.seed + 3))
+  return model
+
+
+def build_models(config, tokenizer):
+  """(actor, critic or None, model config): a checkpoint's weights, or random ones."""
+  model_cfg = model_config(config, tokenizer.vocab_size)
+  if config.model.hf_path:
+    actor, _ = load_hf(config.model.hf_path, dtype=model_cfg.dtype,
+                       param_dtype=model_cfg.param_dtype)
+    actor = with_config(actor, model_cfg)
+  else:
+    actor = Decoder(model_cfg, rngs=nnx.Rngs(config.run.seed))
+  check_vocab(tokenizer, model_cfg.vocab_size)
+  add_lora_of(config, actor)
   critic = None
   if config.algo.advantage == "gae" and config.algo.critic_init_path:
     critic = ValueModel.from_reward_model(load_reward_model(config.algo.critic_init_path))

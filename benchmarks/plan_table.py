@@ -1,0 +1,110 @@
+"""The model x topology x program table of docs/scale.md, regenerated with `rljax plan`.
+
+Each row is one `rljax plan --json` in its own process (compiling a 70B program takes GBs
+of host memory and minutes; a crash or a timeout costs one row). Needs libtpu
+(`pip install -e ".[tpu]"`); runs on any host.
+
+    python benchmarks/plan_table.py                       # every row of docs/scale.md
+    python benchmarks/plan_table.py --only qwen2.5-7b     # rows whose model matches
+    python benchmarks/plan_table.py --list                # the rows, without compiling
+
+Prints the Markdown table, then `RESULT {"metric": "plan_table", "rows", "fit", "compile_s"}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+GRPO_7B = "experiments/qwen25_7b_grpo_v5e.py"
+DAPO_32B = "experiments/qwen25_32b_dapo_v5p.py"
+# (label, experiment, topology, overrides): the recipes on their slices and on the others
+# users ask about, and the other presets with the 7B recipe's settings
+ROWS = [
+    ("qwen2.5-7b GRPO 4k", GRPO_7B, "v5e-64", {}),
+    ("qwen2.5-7b GRPO 4k", GRPO_7B, "v5p-32", {"parallel.fsdp": 16}),
+    ("qwen2.5-7b GRPO 4k", GRPO_7B, "v6e-64", {}),
+    ("qwen2.5-32b DAPO 20k", DAPO_32B, "v5p-128", {}),
+    ("qwen2.5-0.5b GRPO 4k", GRPO_7B, "v5e-16", {"model.hf_config": "qwen2.5-0.5b",
+                                                  "parallel.fsdp": 16, "algo.microbatches": 1}),
+    ("qwen2.5-1.5b GRPO 4k", GRPO_7B, "v5e-16", {"model.hf_config": "qwen2.5-1.5b",
+                                                  "parallel.fsdp": 16, "algo.microbatches": 1}),
+    ("qwen3-8b GRPO 4k", GRPO_7B, "v5p-32", {"model.hf_config": "qwen3-8b", "parallel.fsdp": 16}),
+    ("llama-3.1-8b GRPO 4k", GRPO_7B, "v5p-32", {"model.hf_config": "llama-3.1-8b",
+                                                  "parallel.fsdp": 16}),
+    ("qwen3-32b GRPO 4k", GRPO_7B, "v5p-128", {"model.hf_config": "qwen3-32b"}),
+    ("llama-3.1-70b GRPO 4k", GRPO_7B, "v5p-256", {"model.hf_config": "llama-3.1-70b",
+                                                    "parallel.fsdp": 128}),
+]
+
+
+def plan_row(experiment, topology, overrides, timeout):
+  """The `--json` plan of one row (None on a crash or timeout) and its wall time."""
+  cmd = [sys.executable, "-m", "rljax", "plan", "--config", experiment, "--topology", topology,
+         "--json", "--search", "0", *[f"--config.{k}={v}" for k, v in overrides.items()]]
+  t0 = time.perf_counter()
+  try:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return None, time.perf_counter() - t0
+  lines = done.stdout.strip().splitlines()
+  if done.returncode not in (0, 3) or not lines:
+    print(f"# {topology} {overrides}: exit {done.returncode}: {done.stderr[-400:]}",
+          file=sys.stderr)
+    return None, time.perf_counter() - t0
+  return json.loads(lines[-1]), time.perf_counter() - t0
+
+
+def _gb(x) -> str:
+  return f"{x / 1e9:.1f}"
+
+
+def table_rows(label, topology, plan) -> list[str]:
+  """One Markdown line per program of `plan` (the iteration's figures on the first)."""
+  if plan is None:
+    return [f"| {label} | {topology} | - | (no plan: crashed or timed out) | | | | |"]
+  it = plan["iteration"]
+  mfu = "-" if it["update_mfu"] is None else f"{it['update_mfu']:.0%}"
+  out = []
+  for i, p in enumerate(plan["programs"]):
+    head = (f"{label} | {topology} ({plan['chips']} chips, {plan['mesh']['fsdp']} fsdp)"
+            if i == 0 else " | ")
+    tail = f"{it['roofline_s']:.0f} s | {mfu}" if i == 0 and it["roofline_s"] else " | "
+    fits = "yes" if p["fits"] else "**no**"
+    out.append(f"| {head} | {p['name']} | {fits} | {_gb(p['per_chip_bytes']['total'])} "
+               f"/ {_gb(p['hbm_bytes'])} | {p['compile_s']:.0f} | {tail} |")
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--only", default="", help="rows whose label contains this text")
+  parser.add_argument("--timeout", type=float, default=3600, help="seconds per row")
+  parser.add_argument("--list", action="store_true", help="print the rows, compile nothing")
+  args = parser.parse_args(argv)
+  rows = [r for r in ROWS if args.only in r[0]]
+  if args.list:
+    for label, experiment, topology, overrides in rows:
+      print(f"{label}: rljax plan --config {experiment} --topology {topology} "
+            + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
+    return
+  lines = ["| model, recipe | topology | program | fits | per-chip GB / HBM | compile s "
+           "| iteration (roofline) | update MFU |", "|" + "---|" * 8]
+  fit, compile_s = 0, 0.0
+  for label, experiment, topology, overrides in rows:
+    plan, _ = plan_row(experiment, topology, overrides, args.timeout)
+    lines += table_rows(label, topology, plan)
+    if plan is not None:
+      fit += bool(plan["fits"])
+      compile_s += sum(p["compile_s"] for p in plan["programs"])
+    print(lines[-1], file=sys.stderr, flush=True)
+  print("\n".join(lines))
+  print("RESULT " + json.dumps({"metric": "plan_table", "rows": len(rows), "fit": fit,
+                                "compile_s": round(compile_s, 1)}))
+
+
+if __name__ == "__main__":
+  main()

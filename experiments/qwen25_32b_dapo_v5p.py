@@ -1,0 +1,57 @@
+"""DAPO on Qwen2.5-32B with 20,480-token responses, for a v5p-128 slice (64 chips).
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+arXiv:2503.14476: the paper's run, with the settings of its public recipe (verl's
+`recipe/dapo/run_dapo_qwen2.5_32b.sh`): 512 prompts x 16 samples per iteration, updates
+of 32 prompts (16 per iteration), clip-higher (0.2 / 0.28), token-level loss, no KL,
+20,480 response tokens with a 4,096-token soft overlong buffer, dynamic sampling (at most
+10 generation rounds), learning rate 1e-6 with 10 warm-up steps, weight decay 0.1,
+gradient clipping 1.0. Plan it from any host first (no weights, no TPU):
+
+    pip install -e ".[tpu]"
+    rljax plan --config experiments/qwen25_32b_dapo_v5p.py --topology v5p-128
+
+and train from a local checkpoint on the slice:
+
+    rljax train --config experiments/qwen25_32b_dapo_v5p.py:/data/Qwen2.5-32B
+
+Decoding 8,192 sequences of 20k tokens at once needs a KV cache of petabytes; the
+continuous sampler decodes `sampling.slots` of them at a time. The prompts are DAPO's
+math set (BytedTsinghua-SIA/DAPO-Math-17k, as open-r1/DAPO-Math-17k-Processed gives it with
+flat fields), whose answers are integers.
+"""
+
+from rljax.train.config import base_config
+
+
+def get_config(arg=None):
+  c = base_config()
+  c.run.dir = "runs/qwen25_32b_dapo_v5p"
+  c.run.iterations, c.run.save_every, c.run.eval_every = 300, 10, 10
+  if arg:                                  # a local Hugging Face checkpoint directory
+    c.model.hf_path = arg
+  else:                                    # shapes only (rljax plan)
+    c.model.hf_config = "qwen2.5-32b"
+  c.model.dtype, c.model.param_dtype, c.model.remat = "bfloat16", "float32", True
+  # DAPO-Math-17k with flat fields: prompt (the user turn), solution (the integer answer)
+  c.task.name, c.task.hf_path, c.task.hf_config = ("hf_dataset", "open-r1/DAPO-Math-17k-Processed",
+                                                   "en")
+  c.task.prompt_field, c.task.answer_field, c.task.hf_split = "prompt", "solution", "train"
+  c.task.long_prompts = "truncate"
+  c.sft.steps = 0
+  c.plan.prompt_len = 2048                 # the recipe's max_prompt_length
+  c.sampling.prompts_per_iteration, c.sampling.n = 512, 16
+  c.sampling.max_new_tokens = 20480
+  c.sampling.temperature, c.sampling.top_p = 1.0, 1.0
+  c.sampling.continuous, c.sampling.slots = True, 1024
+  c.sampling.eval_n = 4
+  c.algo.epochs, c.algo.minibatches, c.algo.microbatches = 1, 16, 8
+  c.algo.eps_low, c.algo.eps_high = 0.2, 0.28
+  c.algo.loss_agg = "token_mean"
+  c.algo.kl_coef, c.algo.kl_placement = 0.0, "none"
+  c.algo.soft_overlong, c.algo.overlong_cache_len = True, 4096
+  c.algo.dynamic_sampling, c.algo.dynamic_sampling_max_rounds = True, 10
+  c.optim.actor_lr, c.optim.weight_decay, c.optim.warmup_steps, c.optim.grad_clip = (
+      1e-6, 0.1, 10, 1.0)
+  c.parallel.data, c.parallel.fsdp, c.parallel.tensor = 1, -1, 1
+  return c

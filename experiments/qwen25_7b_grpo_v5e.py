@@ -1,0 +1,50 @@
+"""Qwen2.5-7B, GRPO on MATH with 4,096-token responses, for a v5e-64 slice (64 chips).
+
+A run users would launch on a pod. Plan it from any host first (no weights, no TPU):
+
+    pip install -e ".[tpu]"
+    rljax plan --config experiments/qwen25_7b_grpo_v5e.py --topology v5e-64
+
+then train from a local checkpoint on the slice (one process per host):
+
+    rljax train --config experiments/qwen25_7b_grpo_v5e.py:/data/Qwen2.5-7B
+
+Without an argument the policy is the `qwen2.5-7b` shape preset (`model.hf_config`: the
+published config.json, random weights), which is all `rljax plan` reads.
+
+The settings follow the GRPO recipes users run at this scale (DeepSeekMath's GRPO,
+Shao et al. 2024, arXiv:2402.03300, Sec. 4.1; verl's Qwen2.5-7B GRPO example): 128 prompts
+x 8 samples per iteration, 4 updates of 256 sequences, no KL term, learning rate 1e-6,
+bf16 compute over fp32 master weights, every decoder block rematerialised. On v5e (16 GB
+per chip) the parameters must stay sharded while sampling, hence the static sampler: the
+continuous sampler holds a whole copy of the parameters on every chip.
+"""
+
+from rljax.train.config import base_config
+
+
+def get_config(arg=None):
+  c = base_config()
+  c.run.dir = "runs/qwen25_7b_grpo_v5e"
+  c.run.iterations, c.run.save_every, c.run.eval_every = 200, 20, 20
+  if arg:                                  # a local Hugging Face checkpoint directory
+    c.model.hf_path = arg
+  else:                                    # shapes only (rljax plan)
+    c.model.hf_config = "qwen2.5-7b"
+  c.model.dtype, c.model.param_dtype, c.model.remat = "bfloat16", "float32", True
+  c.task.name, c.task.hf_path, c.task.hf_split = "hf_dataset", "DigitalLearningGmbH/MATH-lighteval", "train"
+  c.task.prompt_field, c.task.answer_field, c.task.answer_extractor = "problem", "solution", "boxed"
+  c.task.prompt_template = ("{prompt}\nPlease reason step by step, and put your final answer "
+                            "within \\boxed{}.")
+  c.task.long_prompts = "truncate"
+  c.sft.steps = 0                          # RL from the base model (R1-Zero style)
+  c.plan.prompt_len = 512                  # MATH problems fit 512 tokens
+  c.sampling.prompts_per_iteration, c.sampling.n = 128, 8
+  c.sampling.max_new_tokens = 4096
+  c.sampling.continuous = False
+  c.sampling.eval_n = 4
+  c.algo.epochs, c.algo.minibatches, c.algo.microbatches = 1, 4, 4
+  c.algo.kl_coef, c.algo.kl_placement = 0.0, "none"
+  c.optim.actor_lr, c.optim.weight_decay, c.optim.warmup_steps = 1e-6, 0.01, 10
+  c.parallel.data, c.parallel.fsdp, c.parallel.tensor = 1, -1, 1
+  return c

@@ -1,0 +1,35 @@
+"""`rljax plan`: will a run fit a TPU slice, and what will an iteration cost, before anyone
+rents one.
+
+Every program one RL iteration runs (the update step, the old/reference log-prob forward,
+the critic's and the teacher's forwards, the sampler's prefill and decode step) is built by
+the trainer's own code from the run's config, lowered with abstract parameters (no
+weights) and compiled by the TPU compiler for the slice's compile-only devices
+(`jax.experimental.topologies`, libtpu). What the compiler reports becomes the plan:
+
+    {"topology", "chips", "mesh": {"data", "fsdp", "tensor"}, "fits",
+     "programs": [{"name", "fits", "compile_s", "flops", "bytes_accessed" (per chip),
+                   "per_chip_bytes": {"arguments", "outputs", "temporaries", "aliases",
+                                      "generated_code", "resident", "total"},
+                   "hbm_bytes", "collectives": {KIND: {"count", "bytes"}}, "roofline_s",
+                   "largest_buffers", "calls", ...}],
+     "iteration": {"roofline_s", "generation_s", "forwards_s", "update_s", "update_mfu"},
+     "state_bytes", "model", "shapes", "chip", "notes", "search" (when something does not fit)}
+
+docs/scale.md says how to read it and what the estimate leaves out.
+"""
+
+from rljax.plan.planner import Target, plan
+from rljax.plan.report import result_line, text
+from rljax.plan.topology import (
+  CHIPS,
+  INSTALL_HINT,
+  LibtpuMissing,
+  Topology,
+  TopologyError,
+  libtpu_installed,
+  parse_topology,
+)
+
+__all__ = ["CHIPS", "INSTALL_HINT", "LibtpuMissing", "Target", "Topology", "TopologyError",
+           "libtpu_installed", "parse_topology", "plan", "result_line", "text"]

@@ -1,0 +1,64 @@
+"""What an iteration costs at the roofline, and the update's model-FLOP utilisation.
+
+An iteration is one generation (one prefill, then T decode steps in which every row is
+counted, at the full cache length), the forwards (old and reference log-probs, values,
+the teacher) and `epochs × minibatches` update steps. Each program's time is its
+roofline, max(FLOPs / peak, bytes / HBM bandwidth) on one chip: a lower bound (no
+collective is timed, no overlap is lost, every op runs at peak).
+"""
+
+from __future__ import annotations
+
+from rljax.models import ModelConfig
+
+PHASES = {"prefill": "generation", "decode": "generation", "logprobs": "forwards",
+          "values": "forwards", "teacher": "forwards", "update": "update"}
+
+
+def matmul_params(cfg: ModelConfig) -> float:
+  """N: parameters that take part in a matmul per token (every decoder block's projections
+  and the lm head; the embedding is a lookup)."""
+  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  attention = d * dh * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
+  return float(cfg.num_layers * (attention + 3 * d * f) + d * cfg.vocab_size)
+
+
+def training_flops_per_token(cfg: ModelConfig, context: int, *, lora: bool = False) -> float:
+  """Model FLOPs of a forward and backward pass per token, PaLM's count (Chowdhery et al.
+  2022, arXiv:2204.02311, App. B): 6N + 12·L·H·Dh·S, S the sequence length.
+
+  Note: the attention term counts the whole S×S score matrix (the causal half is not
+  skipped, and the XLA path computes it all); with LoRA the frozen base gets no weight
+  gradient, so the matmul term is 4N.
+  """
+  return (4.0 if lora else 6.0) * matmul_params(cfg) + 12.0 * (
+      cfg.num_layers * cfg.num_heads * cfg.head_dim * context)
+
+
+def forward_flops_per_token(cfg: ModelConfig, context: int) -> float:
+  """Model FLOPs of a forward pass per token attending to `context` positions: 2N +
+  4·L·H·Dh·context (PaLM's count without the backward pass)."""
+  return 2.0 * matmul_params(cfg) + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+
+
+def iteration(programs: list[dict], *, model_cfg: ModelConfig, context: int, chips: int,
+              peak_flops: float | None, lora: bool) -> dict:
+  """{"roofline_s", per-phase seconds, "update_mfu"} of one iteration.
+
+  Args:
+    programs: the plan's program reports (`roofline_s`, `calls`, `tokens`).
+    context: S = P + T of the update's sequences.
+    peak_flops: one chip's peak (None: no estimate).
+  """
+  phases = {"generation": 0.0, "forwards": 0.0, "update": 0.0}
+  if peak_flops is None:
+    return {"roofline_s": None, **{f"{k}_s": None for k in phases}, "update_mfu": None}
+  for p in programs:
+    phases[PHASES[p["name"]]] += (p["roofline_s"] or 0.0) * p["calls"]
+  update = next((p for p in programs if p["name"] == "update"), None)
+  mfu = None
+  if update and update["roofline_s"] and update["compiled"]:
+    useful = update["tokens"] * training_flops_per_token(model_cfg, context, lora=lora)
+    mfu = useful / (chips * peak_flops * update["roofline_s"])
+  return {"roofline_s": sum(phases.values()), **{f"{k}_s": v for k, v in phases.items()},
+          "update_mfu": mfu}
