@@ -3,7 +3,7 @@
     python docs/results/make_tables.py            # print every table
     python docs/results/make_tables.py --write    # rewrite them in README.md and docs/results.md
 
-`docs/results/dapo.json` is the report.json of `rljax ablate experiments/dapo.py --seeds 0-5
+`docs/results/dapo.json` is the report.json of `rljax ablate experiments/dapo.py --seeds 0-7
 --aa` (its provenance names the commit the runs came from), `docs/results/dapo_runs.json` its
 results.json (every run's summary, for the per-seed table). In the Markdown files each table
 sits between `<!-- make_tables: NAME -->` and `<!-- /make_tables -->`;
@@ -159,7 +159,7 @@ def seeds_summary(runs, report, *, wall=True) -> str:
     return "| mean ± sd | " + " | ".join(cells + [f"{passes} %", ""]) + " |"
   pk = report["steps"][0]["means"][_pass_k(report)]
   walls = [r["wall_s"] for r in rows]
-  return ("| 6 seeds | greedy acc, SFT → RL | avg@8 | pass@8 / pass@64 | wall, SFT included "
+  return (f"| {len(rows)} seeds | greedy acc, SFT → RL | avg@8 | pass@8 / pass@64 | wall, SFT included "
           "(shared machine) |\n|---|---|---|---|---|\n"
           "| mean ± sd | " + " | ".join(cells + [f"{passes} / {100 * pk:.1f} %",
                                                    f"{min(walls):.0f}–{max(walls):.0f} s"])

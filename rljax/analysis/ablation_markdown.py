@@ -11,6 +11,17 @@ import numpy as np
 from rljax.analysis.effects import PERCENT_OUTCOMES
 
 DECIDED = ("better", "worse", "equivalent")
+# Outcomes that have no better direction (a trick may raise or lower them on purpose): their
+# decided cells read `higher` / `lower` in the Markdown (report.json keeps the verdict word).
+DIRECTIONLESS_OUTCOMES = ("final_entropy",)
+
+
+def direction(effect) -> str:
+  """`higher` / `lower` for a better / worse verdict, by the effect's `higher_is_better`
+  (default True); any other verdict unchanged."""
+  up = effect.get("higher_is_better", True)
+  return {"better": "higher" if up else "lower",
+          "worse": "lower" if up else "higher"}.get(effect["verdict"], effect["verdict"])
 
 
 def percent_outcomes(report, percent=None) -> set:
@@ -40,10 +51,10 @@ def p_value(p) -> str:
   return f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
-def cell(effect, pts, *, bold=True) -> str:
+def cell(effect, pts, *, bold=True, directionless=False) -> str:
   """`+4.1 [+1.9, +6.3] better`, `equivalent (+0.3 [−1.2, +1.8], ±3.0)` or
   `unresolved (+1.4 [−3.3, +6.1])`; a primary verdict that survives its adjustment in bold
-  (with `bold`)."""
+  (with `bold`); `directionless`: `higher` / `lower` in place of better / worse."""
   if not effect:
     return "–"
   mean = number(effect["mean"], pts)
@@ -52,7 +63,7 @@ def cell(effect, pts, *, bold=True) -> str:
   ci = f"[{number(effect['ci_low'], pts)}, {number(effect['ci_high'], pts)}]"
   v = effect["verdict"]
   if v in ("better", "worse"):
-    text = f"{mean} {ci} {v}"
+    text = f"{mean} {ci} {direction(effect) if directionless else v}"
   elif v == "equivalent":
     text = f"equivalent ({mean} {ci}, ±{number(effect['margin'], pts, sign=False)})"
   else:
@@ -172,6 +183,8 @@ def effects_markdown(report, *, percent=None):
         + [number(steps[0]["means"][o], o in pts, sign=False) for o in outcomes]) + " |")
     for step in steps[1:]:
       lines.append("| " + " | ".join(
-          [step["name"]] + [cell(step[key].get(o), o in pts) for o in outcomes]) + " |")
+          [step["name"]] + [cell(step[key].get(o), o in pts,
+                                 directionless=o in DIRECTIONLESS_OUTCOMES)
+                            for o in outcomes]) + " |")
     sections.append("\n".join(lines + _detectable_line(steps, key, outcomes, pts, n_seeds)))
   return "\n\n".join(sections) + "\n"

@@ -9,6 +9,7 @@ import json
 import math
 import pathlib
 
+from rljax.analysis.ablation_markdown import direction
 from rljax.analysis.ablation_report import effects_markdown, effects_report, plot_effects
 from rljax.train.ablate.outcomes import periodic_iterations, periodic_outcomes, prompt_ids
 from rljax.train.ablate.table import markdown_table, overlay_plot
@@ -61,14 +62,14 @@ def mechanism_lines(report) -> list:
     ci = (f"[{effect['ci_low']:+.3g}, {effect['ci_high']:+.3g}]"
           if math.isfinite(effect["ci_low"]) else "(1 seed)")
     lines.append(f"| {step['name']} | `{metric}` | {level} "
-                 f"| {effect['mean']:+.3g} {ci} | {effect['verdict']} |")
+                 f"| {effect['mean']:+.3g} {ci} | {direction(effect)} |")
   if not lines:
     return []
   return ["## The mechanism each step acts through", "",
           "The metric the trick's paper says it moves, mean over iterations; effect vs the "
           "previous step (paired over seeds; exploratory: each interval alone, unadjusted; "
-          "for these, the verdict is the direction).", "",
-          "| step | metric | first step's level | effect vs previous | verdict |",
+          "higher / lower when the interval excludes 0).", "",
+          "| step | metric | first step's level | effect vs previous | direction |",
           "|---|---|---|---|---|", *lines, ""]
 
 
