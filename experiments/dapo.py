@@ -12,7 +12,7 @@ Each trick gets the condition it exists for on the base regime: 8 updates per ro
 (truncation, the overlong buffer), lengths from 5 to 36 tokens (token- vs sequence-level
 aggregation differ), and groups of 8 that saturate as accuracy rises (dynamic sampling).
 
-    rljax ablate experiments/dapo.py --seeds 0-5
+    rljax ablate experiments/dapo.py --seeds 0-7 --aa
     rljax train --config experiments/dapo.py:clip_higher
 """
 

@@ -3,7 +3,10 @@ false verdicts in simulated null ablations and coverage under three kinds of see
 for the rule before (every cell's interval read alone) and after (the primary family,
 Holm-adjusted, with the sign-flip test beside the interval).
 
-    python docs/results/simulate_verdicts.py [--reports 200] [--sets 20000]
+    python docs/results/simulate_verdicts.py [--reports 200] [--sets 20000] [--seeds 8]
+
+`--seeds` (a comma list) replaces both the null reports' seed counts (default 6, 10) and the
+coverage cells' (default 4, 6, 10).
 
 Null ablations: 6 steps (a primary family of 5 tests) that do nothing, shaped like the DAPO
 ablation's report: per run, held-out avg@8 and greedy correctness on 128 prompts, pass@64 on
@@ -74,11 +77,11 @@ def seed_effects(setting, n_sets, k, rng):
   return np.where(bad, 0.0, 0.10) + rng.normal(0.0, 0.01, (n_sets, k)), 0.08
 
 
-def coverage(n_sets, rng) -> list:
+def coverage(n_sets, rng, seed_counts=(4, 6, 10)) -> list:
   """Coverage of the true mean by the interval alone (before) and by the combined rule."""
   rows = []
   for setting in ("normal", "heavy-tailed (t3)", "rare bad seed"):
-    for k in (4, 6, 10):
+    for k in seed_counts:
       d, theta = seed_effects(setting, n_sets, k, rng)
       _, low, high, p_interval = effects.seed_t_interval(d - theta)
       p = np.maximum(p_interval, verdicts.sign_flip_pvalue(d, theta=theta))
@@ -92,10 +95,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--reports", type=int, default=200)
   parser.add_argument("--sets", type=int, default=20000)
+  parser.add_argument("--seeds", default=None,
+                      help="comma-separated seed counts for both parts (default 6,10 / 4,6,10)")
   args = parser.parse_args(argv)
+  seeds = [int(k) for k in args.seeds.split(",")] if args.seeds else None
   rng = np.random.default_rng(2026)
-  out = {"false_verdicts": [false_verdicts(args.reports, k, rng) for k in (6, 10)],
-         "coverage": coverage(args.sets, rng)}
+  out = {"false_verdicts": [false_verdicts(args.reports, k, rng) for k in (seeds or (6, 10))],
+         "coverage": coverage(args.sets, rng, seeds or (4, 6, 10))}
   for row in out["false_verdicts"]:
     print(f"null reports, {row['seeds']} seeds ({row['reports']} reports, {row['cells']} cells "
           f"each): before {row['before_false_per_report']:.2f} false better/worse per report, "
