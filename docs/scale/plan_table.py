@@ -4,10 +4,11 @@ Each row is one `rljax plan --json` in its own process (compiling a 70B program 
 of host memory and minutes; a crash or a timeout costs one row). Needs libtpu
 (`pip install -e ".[tpu]"`); runs on any host.
 
-    python benchmarks/plan_table.py                       # every row of docs/scale.md
-    python benchmarks/plan_table.py --only qwen2.5-7b     # rows whose model matches
-    python benchmarks/plan_table.py --list                # the rows, without compiling
+    python docs/scale/plan_table.py                       # every row of docs/scale.md
+    python docs/scale/plan_table.py --only qwen2.5-7b     # rows whose model matches
+    python docs/scale/plan_table.py --list                # the rows, without compiling
 
+It generates a table of docs/scale.md (not a benchmark: it times the compiler, no peer).
 Prints the Markdown table, then `RESULT {"metric": "plan_table", "rows", "fit", "compile_s"}`.
 """
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import subprocess
 import sys
 import time
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]   # the repository: experiments/ are relative
 GRPO_7B = "experiments/qwen25_7b_grpo_v5e.py"
 DAPO_32B = "experiments/qwen25_32b_dapo_v5p.py"
 # (label, experiment, topology, overrides): the recipes on their slices and on the others
@@ -47,7 +50,8 @@ def plan_row(experiment, topology, overrides, timeout):
          "--json", "--search", "0", *[f"--config.{k}={v}" for k, v in overrides.items()]]
   t0 = time.perf_counter()
   try:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
   except subprocess.TimeoutExpired:
     return None, time.perf_counter() - t0
   lines = done.stdout.strip().splitlines()
