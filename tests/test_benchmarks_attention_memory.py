@@ -1,0 +1,24 @@
+"""benchmarks/attention_memory.py --reduced: the RESULT lines' schema (compiled, never run)."""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import attention_memory  # noqa: E402
+
+
+def test_reduced_run_prints_one_result_per_path_and_length(capsys):
+  attention_memory.main(["--reduced"])
+  rows = [json.loads(line[len("RESULT "):]) for line in capsys.readouterr().out.splitlines()
+          if line.startswith("RESULT ")]
+  assert [(r["seq"], r["attention"]) for r in rows] == [
+      (128, "xla"), (128, "chunked"), (256, "xla"), (256, "chunked")]   # splash: TPU only
+  for r in rows:
+    assert set(r) == {"metric", "rljax", "peer", "ratio", "target", "seq", "attention",
+                      "arguments", "compile_s"}
+    assert r["metric"] == "attention_temp_bytes" and r["target"] == "cpu"
+    assert r["rljax"] > 0 and r["arguments"] > 0 and r["compile_s"] >= 0
+    xla = next(x for x in rows if x["seq"] == r["seq"] and x["attention"] == "xla")
+    assert r["peer"] == xla["rljax"] and r["ratio"] == round(r["peer"] / r["rljax"], 3)
