@@ -9,22 +9,31 @@ programs compile on a laptop. The figure is XLA's `memory_analysis().temp_size_i
 
 Targets: `cpu` (this host's XLA CPU, one device) and TPU topologies such as `v5p:2x2x1`
 (needs libtpu: `pip install "jax[tpu]==<the pinned jax>"`; mesh fsdp = chips, one sequence
-per chip, compiled under `jax.set_mesh` so that splash runs per shard). A path a target
-cannot compile (splash off TPU, cudnn off GPU) is skipped.
+per chip, compiled under `jax.set_mesh` so that splash runs per shard; libtpu allows one
+process per host unless `ALLOW_MULTIPLE_LIBTPU_LOAD=1`). A path a target cannot compile
+(splash off TPU, cudnn off GPU) is skipped.
 
   python benchmarks/attention_memory.py [--seqs 4096 16384 32768] [--targets cpu v5p:2x2x1]
       [--attention xla chunked splash] [--layers 2]
   python benchmarks/attention_memory.py --reduced      # 1 tiny layer, S = 128 / 256 (CI)
   python benchmarks/attention_memory.py --speed        # `auto`'s CPU threshold (see below)
+  python benchmarks/attention_memory.py --kernel       # attention alone, S = 2k / 4k / 8k
 
 Each measurement prints `RESULT {"metric": "attention_temp_bytes", "target", "seq",
 "attention", "rljax": this path's temporaries, "peer": xla's at the same target and length,
-"ratio": peer / rljax, "arguments": argument bytes, "compile_s"}`.
+"ratio": peer / rljax, "arguments": argument bytes, "fits", "compile_s"}`. The TPU compiler
+refuses a program whose temporaries exceed the chip's HBM: then "fits" is false and
+"rljax" the temporaries its error message names (no arguments).
 
 `--speed` times the value-and-gradient of attention alone (B = 8, 4 heads of 32, 2 KV heads:
-the trainer's default tiny model) with materialised scores and chunked, on this CPU, and prints
+the trainer's default tiny model) with materialised scores and chunked, in turn (best of 7
+each), on this CPU, and prints
 `RESULT {"metric": "attention_seconds", "seq", "rljax": chunked s, "peer": xla s, "ratio"}`;
-`rljax.models.attention_kernels.AUTO_XLA_MAX_SCORES` (xla up to S = 1,024) comes from it.
+`rljax.models.attention_kernels.AUTO_XLA_MAX_SCORES` (xla up to S = 256) comes from it.
+
+`--kernel` compiles the value-and-gradient of attention alone at Qwen2.5-7B's heads (bf16,
+one sequence, S = 2k / 4k / 8k) and prints `RESULT {"metric": "attention_kernel_temp_bytes",
+"seq", "rljax": chunked's temporaries, "peer": xla's, "ratio"}`: chunked's grow linearly.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -77,13 +87,12 @@ def target_mesh(target: str):
 
 
 def compile_memory(cfg: ModelConfig, seq: int, mesh):
-  """(memory_analysis, compile seconds) of the program at one sequence per device."""
+  """The compiled program's `memory_analysis()`, at one sequence per device."""
   abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(abstract)
   rows = 1 if mesh is None else mesh.size
   tokens = jax.ShapeDtypeStruct((rows, seq), jnp.int32)
   fn = jax.jit(loss_and_grad(graphdef))
-  start = time.perf_counter()
   if mesh is None:
     compiled = fn.lower(state, tokens).compile()
   else:
@@ -92,7 +101,7 @@ def compile_memory(cfg: ModelConfig, seq: int, mesh):
     batch = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
     with jax.set_mesh(mesh):
       compiled = fn.lower(state, shard(tokens, batch)).compile()
-  return compiled.memory_analysis(), time.perf_counter() - start
+  return compiled.memory_analysis()
 
 
 def supported(attention: str, target: str) -> bool:
@@ -109,12 +118,25 @@ def measure(args, widths):
       for attention in ["xla"] + [a for a in args.attention if a != "xla"]:
         if not supported(attention, target):
           continue
-        mem, seconds = compile_memory(model_config(widths, args.layers, attention), seq, mesh)
-        temp = int(mem.temp_size_in_bytes)
+        start = time.perf_counter()
+        try:
+          mem = compile_memory(model_config(widths, args.layers, attention), seq, mesh)
+          temp, arguments, fits = int(mem.temp_size_in_bytes), int(mem.argument_size_in_bytes), True
+        except jax.errors.JaxRuntimeError as e:   # the TPU compiler refuses what exceeds HBM
+          temp, arguments, fits = refused_temp_bytes(str(e)), None, False
         peer = temp if attention == "xla" else peer
         result("attention_temp_bytes", temp, peer, target=target, seq=seq,
-               attention=attention, arguments=int(mem.argument_size_in_bytes),
-               compile_s=round(seconds, 1))
+               attention=attention, arguments=arguments, fits=fits,
+               compile_s=round(time.perf_counter() - start, 1))
+
+
+def refused_temp_bytes(message: str) -> int:
+  """The temporaries a RESOURCE_EXHAUSTED compile error names ("... HLO temporaries
+  (180.76G) exceeds available HBM (95.74G)"; XLA's G = 2**30 bytes)."""
+  found = re.search(r"temporaries \(([0-9.]+)([KMGT])\)", message)
+  if "RESOURCE_EXHAUSTED" not in message or not found:
+    raise RuntimeError(message)
+  return int(float(found.group(1)) * 2 ** (10 * "KMGT".index(found.group(2)) + 10))
 
 
 def result(metric, rljax, peer, **extra):
@@ -134,31 +156,53 @@ def xla_attention(q, k, v, valid):
   return jnp.einsum("bkgst,btkd->bskgd", probs.astype(v.dtype), v).reshape(b, s, h, d)
 
 
-def best_seconds(fn, *args, reps=5):
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
+def chunked(q, k, v, valid):
+  return chunked_attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), valid, 0)
+
+
+def kernel_memory(seqs):
+  """Temporaries of value-and-grad of attention alone at Qwen2.5-7B's heads (28 x 128, 4 KV
+  heads, bf16, one sequence) on this CPU: chunked's backward stores no per-tile
+  probabilities, so they double with S; the materialised scores' quadruple."""
+  for seq in seqs:
+    q = jax.ShapeDtypeStruct((1, seq, 28, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, seq, 4, 128), jnp.bfloat16)
+    valid = jax.ShapeDtypeStruct((1, seq), jnp.bool_)
+    temp = {}
+    for name, fn in (("xla", xla_attention), ("chunked", chunked)):
+      loss = lambda q, k, v, m, fn=fn: jnp.sum(fn(q, k, v, m).astype(jnp.float32))  # noqa: E731
+      grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+      temp[name] = int(grad.lower(q, kv, kv, valid).compile().memory_analysis()
+                       .temp_size_in_bytes)
+    result("attention_kernel_temp_bytes", temp["chunked"], temp["xla"], seq=seq)
+
+
+def best_seconds(fns, *args, reps=7):
+  """{name: best-of-`reps` seconds}, the functions timed in turn so they share the load."""
+  for fn in fns.values():
     jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return min(times)
+  times = {name: [] for name in fns}
+  for _ in range(reps):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - start)
+  return {name: min(t) for name, t in times.items()}
 
 
 def speed(seqs, batch=8, heads=4, kv_heads=2, dh=32):
-  """Best-of-5 seconds of value-and-grad of attention alone, chunked vs xla, per length."""
-  chunked = lambda q, k, v, m: chunked_attention(  # noqa: E731
-      q, k.swapaxes(1, 2), v.swapaxes(1, 2), m, 0)
+  """Best-of-7 seconds of value-and-grad of attention alone, chunked vs xla, per length."""
   for seq in seqs:
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((batch, seq, heads, dh), np.float32))
     k, v = (jnp.asarray(rng.standard_normal((batch, seq, kv_heads, dh), np.float32))
             for _ in range(2))
     valid = jnp.ones((batch, seq), bool)
-    times = {}
+    grads = {}
     for name, fn in (("xla", xla_attention), ("chunked", chunked)):
       loss = lambda q, k, v, m, fn=fn: jnp.sum(fn(q, k, v, m) ** 2)  # noqa: E731
-      grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
-      times[name] = best_seconds(grad, q, k, v, valid)
+      grads[name] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    times = best_seconds(grads, q, k, v, valid)
     result("attention_seconds", round(times["chunked"], 4), round(times["xla"], 4), seq=seq,
            load=round(os.getloadavg()[0], 1))
 
@@ -171,11 +215,16 @@ def main(argv=None):
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--reduced", action="store_true", help="tiny widths and lengths (CI)")
   ap.add_argument("--speed", action="store_true", help="time xla vs chunked on this CPU")
+  ap.add_argument("--kernel", action="store_true",
+                  help="temporaries of attention alone at 7B heads, S = 2k / 4k / 8k")
   args = ap.parse_args(argv)
   print(f"jax {jax.__version__}, load average {os.getloadavg()[0]:.1f}", flush=True)
   if args.speed:
-    speed([128, 256, 512, 1024, 2048, 4096] if args.seqs == ap.get_default("seqs")
+    speed([128, 256, 512, 1024, 2048] if args.seqs == ap.get_default("seqs")
           else args.seqs)
+    return
+  if args.kernel:
+    kernel_memory([2048, 4096, 8192] if args.seqs == ap.get_default("seqs") else args.seqs)
     return
   if args.reduced:
     args.seqs = [128, 256] if args.seqs == ap.get_default("seqs") else args.seqs

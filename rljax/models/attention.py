@@ -126,10 +126,11 @@ class Attention(nnx.Module):
     """
     b, s, h, dh = q_bshe.shape
     kh, t = k_bkdt.shape[1], k_bkdt.shape[3]
-    impl = self.attention_impl(s, t)
+    fresh = mask.causal and mask.from_zero and new_kv is not None   # sees slots < S only
+    impl = self.attention_impl(s, s if fresh else t)
     scale = jnp.asarray(dh ** -0.5, q_bshe.dtype)
     if s > 1 and impl != "xla":
-      if mask.causal and mask.from_zero and new_kv is not None:
+      if fresh:
         out = attend_blocks(impl, q_bshe * scale, *new_kv, mask.prefix(s))
       else:
         out = chunked_attention(q_bshe * scale, k_bkdt.swapaxes(2, 3), v_bkte, mask.kv_valid,

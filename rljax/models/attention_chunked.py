@@ -16,7 +16,7 @@ _NEG = float(jnp.finfo(jnp.float32).min)
 
 
 def chunked_attention(q_bshd, k_bktd, v_bktd, kv_valid_bt, start_b, segment_ids=None, *,
-                      causal: bool = True, block_q: int = 512, block_k: int = 512):
+                      causal: bool = True, block_q: int = 256, block_k: int = 256):
   """softmax(q kᵀ + mask) v, one [block_q, block_k] tile of scores at a time.
 
   Rabe & Staats 2021, "Self-attention Does Not Need O(n²) Memory", arXiv:2112.05682

@@ -7,8 +7,10 @@
   (`rljax.models.attention_chunked`);
 - `splash`: Pallas splash attention on TPU (`jax.experimental.pallas.ops.tpu.splash_attention`);
 - `cudnn`: cuDNN's fused attention on GPU (`jax.nn.dot_product_attention`);
-- `auto`: splash on TPU, cudnn on GPU (bf16 / f16 compute), otherwise xla for short rows and
-  chunked from `AUTO_XLA_MAX_SCORES` query x key pairs per row (`resolve_attention`).
+- `auto`: splash on TPU (under `jax.set_mesh` when there are several devices), cudnn on
+  GPU (bf16 / f16 compute), otherwise xla up to
+  `AUTO_XLA_MAX_SCORES` query x key pairs per row (S = 256) and chunked beyond
+  (`resolve_attention`).
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from rljax.models.config import ATTENTION_IMPLEMENTATIONS
 from rljax.parallel.mesh import BATCH_AXES
 
 # `auto` on CPU (and GPU without bf16): xla up to this many query x key pairs per row, chunked
-# beyond (S = 1,024 when the queries are the keys). Measured by benchmarks/attention_memory.py
-# --speed: see the module docstring there.
-AUTO_XLA_MAX_SCORES = 1024 * 1024
+# beyond. `benchmarks/attention_memory.py --speed` (value-and-grad of attention alone, B = 8,
+# 4 heads of 32, 2 KV heads, the two timed in turn, load 12-14): chunked / xla time 0.8 at
+# S = 128, 1.0 at 256, 0.49 at 384, 0.47 at 512, 0.26 at 1,024. Up to S = 256 xla costs no
+# more and keeps the numbers the tests and golden runs recorded; beyond, chunked is faster.
+AUTO_XLA_MAX_SCORES = 256 * 256
 SPLASH_LANES = 128   # splash's tiles are multiples of the TPU's 128 lanes
 
 
@@ -97,8 +101,11 @@ def target_platform() -> str:
 def resolve_attention(name: str, *, q_len: int, kv_len: int, dtype, platform=None) -> str:
   """The implementation `name` stands for: itself, or what `auto` picks for this block.
 
-  `auto`: splash on TPU; cudnn on GPU with bf16 / f16 compute (cuDNN's fused kernel takes
-  no float32); elsewhere xla while q_len x kv_len <= `AUTO_XLA_MAX_SCORES`, else chunked.
+  `auto`: splash on TPU (when the devices' mesh is set with `jax.set_mesh`, or there is one
+  device: XLA cannot partition a Pallas call, so on several devices it runs per shard in a
+  `shard_map` over that mesh; without one, chunked); cudnn on GPU with bf16 / f16 compute
+  (cuDNN's fused kernel takes no float32); elsewhere xla while q_len x kv_len <=
+  `AUTO_XLA_MAX_SCORES`, else chunked.
   """
   if name not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f"attention={name!r}; allowed: {ATTENTION_IMPLEMENTATIONS}")
@@ -106,7 +113,8 @@ def resolve_attention(name: str, *, q_len: int, kv_len: int, dtype, platform=Non
     return name
   platform = platform or target_platform()
   if platform == "tpu":
-    return "splash"
+    mesh_known = not jax.sharding.get_abstract_mesh().empty or jax.device_count() == 1
+    return "splash" if mesh_known else "chunked"
   if platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
     return "cudnn"
   return "xla" if q_len * kv_len <= AUTO_XLA_MAX_SCORES else "chunked"

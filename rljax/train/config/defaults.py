@@ -94,8 +94,8 @@ def _model() -> ConfigDict:
       remat=False,
       # auto | xla | chunked | splash | cudnn (rljax.models.attention_kernels): xla
       # materialises the [B,H,S,S] scores; chunked (any device), splash (TPU), cudnn (GPU,
-      # bf16) are memory-linear; auto: splash on TPU, cudnn on GPU, on CPU xla up to
-      # 1,024 x 1,024 query x key pairs per row and chunked beyond
+      # bf16) are memory-linear; auto: splash on TPU (one device, or under jax.set_mesh),
+      # cudnn on GPU, else xla up to 256 x 256 query x key pairs per row, chunked beyond
       attention="auto",
       # LoRA (rljax.models.lora): 0 = full fine-tuning; r > 0 trains fp32 adapters on
       # lora_targets only (the base stays frozen, the reference is the base: no second copy)
