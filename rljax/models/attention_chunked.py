@@ -27,9 +27,9 @@ def chunked_attention(q_bshd, k_bktd, v_bktd, kv_valid_bt, start_b, segment_ids=
   Query i of row b sits at slot start[b] + i; it sees key slot t iff kv_valid[b, t], and
   t <= start[b] + i when `causal`, and segment_ids[0][b, i] == segment_ids[1][b, t] when
   segment ids are given. The mask is computed per tile from these vectors: no [B,S,T] (or
-  [B,H,S,T]) array exists, in the forward or the backward, whose memory is O(S + T) beyond
-  one tile. Tiles with no visible key are skipped (`lax.cond`): about half of them when
-  causal.
+  [B,H,S,T]) array exists in the forward or the backward, whose memory is one tile's scores
+  plus O(S + T). Tiles with no visible key are skipped (`lax.cond`): about half of them
+  when causal.
 
   Args:
     q_bshd: queries [B,S,H,Dh], already scaled by 1/sqrt(Dh).
