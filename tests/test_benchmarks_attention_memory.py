@@ -1,17 +1,18 @@
 """benchmarks/attention_memory.py --reduced: the RESULT lines' schema (compiled, never run)."""
 
 import json
-import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_runs import BENCH, run_bench
+
+sys.path.insert(0, str(BENCH))
 
 import attention_memory  # noqa: E402
 
 
-def test_reduced_run_prints_one_result_per_path_and_length(capsys):
-  attention_memory.main(["--reduced"])
-  rows = [json.loads(line[len("RESULT "):]) for line in capsys.readouterr().out.splitlines()
+def test_reduced_run_prints_one_result_per_path_and_length():
+  stdout = run_bench("attention_memory.py", "--reduced", JAX_PLATFORMS="cpu")["_stdout"]
+  rows = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
           if line.startswith("RESULT ")]
   assert [(r["seq"], r["attention"]) for r in rows] == [
       (128, "xla"), (128, "chunked"), (256, "xla"), (256, "chunked")]   # splash: TPU only
