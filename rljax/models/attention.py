@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rljax.models.attention_chunked import chunked_attention
+from rljax.models.attention_kernels import AttentionMask, attend_blocks, resolve_attention
 from rljax.models.config import ModelConfig
 from rljax.models.layers import RMSNorm, apply_rope, dense, merged_weight, param, with_lora
 
@@ -22,9 +24,16 @@ class Attention(nnx.Module):
   Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762, Eq. 1;
   grouped-query attention: Ainslie et al. 2023, arXiv:2305.13245 (Sec. 2.2).
 
+  How a block of more than one query attends is `cfg.attention`
+  (`rljax.models.attention_kernels`): `xla` materialises the scores (below); `chunked`,
+  `splash` and `cudnn` never build a [B,S,T] array, and give the same values on every query
+  that sees a key.
+
   Note: K/V heads are never repeated; queries are reshaped to [B,S,K,G,Dh] and
   attend to their group's K/V head. Softmax runs in float32; masked scores are set to
-  the float32 minimum, so a fully masked query row gives a finite (uniform) output.
+  the float32 minimum, so a fully masked query row (a left-padding token) gives a finite
+  (uniform) output on the xla path, 0 or another finite value on the others; such rows
+  are never read.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -90,20 +99,48 @@ class Attention(nnx.Module):
     heads = lambda t: t.reshape(*t.shape[:-1], -1, c.head_dim)  # noqa: E731
     return heads(q), heads(k), heads(v)
 
-  def attend(self, q_bshe, k_bkdt, v_bkte, mask_bst):
+  def attention_impl(self, q_len: int, kv_len: int) -> str:
+    """The implementation `cfg.attention` stands for at this block's shape
+    (`rljax.models.attention_kernels.resolve_attention`)."""
+    return resolve_attention(self.cfg.attention, q_len=q_len, kv_len=kv_len,
+                             dtype=self.cfg.compute_dtype)
+
+  def attend(self, q_bshe, k_bkdt, v_bkte, mask: AttentionMask, new_kv=None):
     """Softmax(q kᵀ / sqrt(Dh) + mask) v over a KV cache (decode steps, prefill), then the
     output projection -> [B,S,D]. Uncached blocks use `attend_full` (same math).
+
+    A decode step (S = 1) runs the one-query kernel. A longer block (prefill) runs
+    `cfg.attention`: `xla` over the whole cache; any other over the new tokens' own keys
+    and values `new_kv` when the block is causal from slot 0 (`mask.from_zero`), where it
+    can see nothing else; otherwise (a prefill at start > 0, against an existing prefix:
+    multi-turn observations) `chunked` over the cache, the one path that takes the cache's
+    slots and a start per row.
 
     Args:
       q_bshe: queries [B,S,H,Dh].
       k_bkdt: keys [B,K,Dh,T], transposed (the KV-cache layout): q kᵀ is then a plain
         [G,Dh] x [Dh,T] matmul per (row, KV head), read in place.
       v_bkte: values [B,K,T,Dh].
-      mask_bst: bool [B,S,T], True = query s may attend key t.
+      mask: an `AttentionMask` over the T slots.
+      new_kv: optional (keys, values) [B,S,K,Dh] of the S new tokens.
     """
     b, s, h, dh = q_bshe.shape
-    kh = k_bkdt.shape[1]
-    chex.assert_shape(mask_bst, (b, s, k_bkdt.shape[3]))
+    kh, t = k_bkdt.shape[1], k_bkdt.shape[3]
+    fresh = mask.causal and mask.from_zero and new_kv is not None   # sees slots < S only
+    impl = self.attention_impl(s, s if fresh else t)
+    scale = jnp.asarray(dh ** -0.5, q_bshe.dtype)
+    if s > 1 and impl != "xla":
+      if fresh:
+        out = attend_blocks(impl, q_bshe * scale, *new_kv, mask.prefix(s))
+      else:
+        out = chunked_attention(q_bshe * scale, k_bkdt.swapaxes(2, 3), v_bkte, mask.kv_valid,
+                                mask.start, causal=mask.causal)
+      return self.project_out(out)
+    mask_bst = mask.dense(s)
+    if s > 1 and k_bkdt.dtype != jnp.float32:
+      # XLA CPU has no bf16 x bf16 -> f32 kernel for this batched dot with the keys in the
+      # cache's transposed layout; upcast (once per prompt, not per step).
+      q_bshe, k_bkdt = q_bshe.astype(jnp.float32), k_bkdt.astype(jnp.float32)
     q = q_bshe.reshape(b, s, kh, h // kh, dh) * jnp.asarray(dh ** -0.5, q_bshe.dtype)
     if s == 1:
       out = _one_query_attention(q[:, 0], k_bkdt, v_bkte, mask_bst[:, 0]).reshape(b, s, h, dh)
@@ -114,19 +151,24 @@ class Attention(nnx.Module):
       out = jnp.einsum("bkgst,bktd->bskgd", probs, v_bkte).reshape(b, s, h, dh)
     return self.project_out(out)
 
-  def attend_full(self, q_bshe, k_bske, v_bske, mask_bst):
+  def attend_full(self, q_bshe, k_bske, v_bske, mask: AttentionMask):
     """`attend` for an uncached block (training, scoring): keys and values as the
-    projections wrote them, [B,T,K,Dh].
+    projections wrote them, [B,T,K,Dh], by `cfg.attention`.
 
-    Same math as `attend`. The queries of a KV head's group are stacked into one
-    [G·S, Dh] matrix and the scores computed as q kᵀ with both operands contracted on
-    their minor axis, so XLA CPU writes them in the [B,K,G·S,T] layout the softmax reads;
-    with the cache's transposed keys it computed k qᵀ and then transposed every layer's
-    [B,K,G,S,T] scores (and wrote the queries out in two layouts).
+    Same math as `attend`. On the `xla` path the queries of a KV head's group are stacked
+    into one [G·S, Dh] matrix and the scores computed as q kᵀ with both operands
+    contracted on their minor axis, so XLA CPU writes them in the [B,K,G·S,T] layout the
+    softmax reads; with the cache's transposed keys it computed k qᵀ and then transposed
+    every layer's [B,K,G,S,T] scores (and wrote the queries out in two layouts).
     """
     b, s, h, dh = q_bshe.shape
     t, kh = k_bske.shape[1], k_bske.shape[2]
+    impl = self.attention_impl(s, t)
+    if impl != "xla":
+      q = q_bshe * jnp.asarray(dh ** -0.5, q_bshe.dtype)
+      return self.project_out(attend_blocks(impl, q, k_bske, v_bske, mask))
     g = h // kh
+    mask_bst = mask.dense(s)
     chex.assert_shape(mask_bst, (b, s, t))
     q = q_bshe.reshape(b, s, kh, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, kh, g * s, dh)
     q = q * jnp.asarray(dh ** -0.5, q.dtype)

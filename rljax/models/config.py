@@ -9,6 +9,8 @@ from typing import Any
 import jax.numpy as jnp
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# ModelConfig.attention (`rljax.models.attention_kernels`)
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "chunked", "splash", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,10 @@ class ModelConfig:
     dtype: compute dtype name ("float32" or "bfloat16").
     param_dtype: parameter storage dtype name.
     remat: rematerialise each decoder block in the backward pass (`nnx.remat`).
+    attention: "auto" | "xla" | "chunked" | "splash" | "cudnn": how attention over more
+      than one query runs (`rljax.models.attention_kernels`): xla materialises the scores;
+      chunked (any device), splash (TPU) and cudnn (GPU) need memory linear in the length;
+      auto picks by platform and length (xla for short rows on CPU: today's numbers).
     bos_token_id, eos_token_id, pad_token_id: carried through to / from config.json.
     num_experts: routed experts E of a mixture-of-experts MLP (`rljax.models.moe`); 0: every
       layer is dense. Names as in `transformers`' Qwen3MoeConfig / Qwen2MoeConfig.
@@ -85,6 +91,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  attention: str = "auto"
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
@@ -113,6 +120,9 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
       raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"ModelConfig.attention={self.attention!r}; allowed: "
+                       f"{ATTENTION_IMPLEMENTATIONS}")
     for name in ("dtype", "param_dtype"):
       try:
         object.__setattr__(self, name, jnp.dtype(getattr(self, name)).name)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rljax.models.attention import Attention, write_cache
+from rljax.models.attention_kernels import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import MLP, RMSNorm, param, rope_cos_sin
 
@@ -54,8 +55,9 @@ class DecoderLayer(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_bsd, cos, sin, mask_bst):
-    """Full (uncached) block over S tokens; mask_bst [B,S,S] bool."""
+  def __call__(self, x_bsd, cos, sin, mask_bst: AttentionMask):
+    """Full (uncached) block over S tokens; `mask_bst` the [B,S,S] mask as per-token vectors
+    (`AttentionMask.full`)."""
     q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
     x_bsd = x_bsd + self.attn.attend_full(q, k, v, mask_bst)
     return x_bsd + self.mlp(self.mlp_norm(x_bsd))
@@ -70,7 +72,7 @@ class DecoderLayer(nnx.Module):
 
     Args:
       k_bkdt, v_bkte: this layer's cache, keys [B,K,Dh,S_max], values [B,K,S_max,Dh].
-      mask_bst: [B,S,S_max] bool.
+      mask_bst: the [B,S,S_max] mask as per-token vectors (`AttentionMask.cached`).
       fused: optional `fused_weights()`, computed once outside a decode loop.
     Returns:
       (x [B,S,D], k_bkdt, v_bkte) with the new slots written.
@@ -79,12 +81,8 @@ class DecoderLayer(nnx.Module):
                             fused=None if fused is None else fused[:2])
     k_bkdt, v_bkte = write_cache(k_bkdt, v_bkte, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2),
                                  start)
-    keys = k_bkdt
-    if x_bsd.shape[1] > 1 and keys.dtype != jnp.float32:
-      # Prefill: XLA CPU has no bf16 x bf16 -> f32 kernel for this batched dot with the
-      # keys in the cache's transposed layout; upcast (once per prompt, not per step).
-      q, keys = q.astype(jnp.float32), keys.astype(jnp.float32)
-    x_bsd = x_bsd + self.attn.attend(q, keys, v_bkte, mask_bst).astype(x_bsd.dtype)
+    x_bsd = x_bsd + self.attn.attend(q, k_bkdt, v_bkte, mask_bst, new_kv=(k, v)).astype(
+        x_bsd.dtype)
     gate_up = None if fused is None else fused[2]
     return x_bsd + self.mlp(self.mlp_norm(x_bsd), gate_up), k_bkdt, v_bkte
 
@@ -175,14 +173,11 @@ class Decoder(nnx.Module):
     if positions is None:
       positions = positions_from_mask(attention_mask)
     chex.assert_equal_shape([tokens_bs, positions, attention_mask])
-    s = tokens_bs.shape[1]
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
-    causal = jnp.tril(jnp.ones((s, s), jnp.bool_))
-    mask_bst = causal[None] & (attention_mask[:, None, :] > 0)  # [B,S,S]
     if segment_ids is not None:
       chex.assert_equal_shape([tokens_bs, segment_ids])
-      mask_bst = mask_bst & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    mask_bst = AttentionMask.full(attention_mask, segment_ids)  # [B,S,S], as [B,S] vectors
     call = _remat_layer_call if self.cfg.remat else _layer_call
     for layer in self.layers:
       x = call(layer, x, cos, sin, mask_bst)
@@ -222,7 +217,7 @@ class Decoder(nnx.Module):
     """
     chex.assert_rank(tokens_bs, 2)
     chex.assert_equal_shape([tokens_bs, positions])
-    b, s = tokens_bs.shape
+    b = tokens_bs.shape[0]
     s_max = cache.max_len
     chex.assert_shape(kv_mask, (b, s_max))
     want_k = (b, self.cfg.num_kv_heads, self.cfg.head_dim, s_max)
@@ -231,11 +226,7 @@ class Decoder(nnx.Module):
                        f"build caches with Decoder.init_cache), got {cache.k[0].shape}")
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
-    start_b = jnp.broadcast_to(jnp.asarray(start), (b,))   # scalar or one start per row
-    query_slot = start_b[:, None] + jnp.arange(s)  # [B,S]
-    mask_bst = kv_mask[:, None, :] > 0  # [B,S,S_max]
-    if causal:
-      mask_bst = mask_bst & (jnp.arange(s_max)[None, None, :] <= query_slot[:, :, None])
+    mask_bst = AttentionMask.cached(kv_mask, start, causal=causal)  # [B,S,S_max], as vectors
     ks, vs = [], []
     for i, layer in enumerate(self.layers):
       x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,

@@ -216,7 +216,8 @@ def _read_config(path, **kwargs) -> ModelConfig:
     return config_from_hf(json.load(f), **kwargs)
 
 
-def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelConfig]:
+def load_hf(path: str, *, dtype=None, param_dtype=None,
+            attention: str = "auto") -> tuple[Decoder, ModelConfig]:
   """Loads a local Hugging Face Llama / Qwen2 / Qwen3 causal-LM checkpoint directory.
 
   Args:
@@ -225,12 +226,13 @@ def load_hf(path: str, *, dtype=None, param_dtype=None) -> tuple[Decoder, ModelC
     dtype: compute dtype (default float32, whatever the checkpoint's storage dtype).
     param_dtype: parameter storage dtype (default float32: master weights for training
       stay float32 under bf16 compute; pass "bfloat16" to halve memory for inference).
+    attention: `ModelConfig.attention` (how attention runs; not in config.json).
   Returns:
     (model, model_config).
   Raises:
     ValueError: unsupported architecture or a tensor missing from the checkpoint.
   """
-  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype)
+  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype).replace(attention=attention)
   model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   _fill(model, tensor_specs(cfg), path, cfg)
   return model, cfg

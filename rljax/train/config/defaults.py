@@ -92,6 +92,11 @@ def _model() -> ConfigDict:
       dtype="float32",
       param_dtype="float32",
       remat=False,
+      # auto | xla | chunked | splash | cudnn (rljax.models.attention_kernels): xla
+      # materialises the [B,H,S,S] scores; chunked (any device), splash (TPU), cudnn (GPU,
+      # bf16) are memory-linear; auto: splash on TPU (one device, or under jax.set_mesh),
+      # cudnn on GPU, else xla up to 256 x 256 query x key pairs per row, chunked beyond
+      attention="auto",
       # LoRA (rljax.models.lora): 0 = full fine-tuning; r > 0 trains fp32 adapters on
       # lora_targets only (the base stays frozen, the reference is the base: no second copy)
       lora_rank=0,

@@ -10,6 +10,7 @@ import jax
 
 from rljax.data.samplers import SAMPLERS
 from rljax.data.tasks import TASKS
+from rljax.models.config import ATTENTION_IMPLEMENTATIONS
 from rljax.ops import advantages_group, mismatch
 from rljax.ops.aggregate import AGGREGATION_MODES
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
@@ -65,6 +66,7 @@ def _check_choices(errors, c):
       ("task.prompt_sampler", SAMPLERS), ("algo.gpg_alpha", advantages_group.GPG_ALPHA),
       ("algo.gdpo_whiten_over", advantages_group.GDPO_WHITEN_OVER),
       ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
+      ("model.attention", ATTENTION_IMPLEMENTATIONS),
       ("sampling.sampler_dtype", SAMPLER_DTYPES),
       ("task.reward_on_failure", ("score_failure", "raise")),
       ("task.long_prompts", ("reject", "truncate")),

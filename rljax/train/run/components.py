@@ -163,22 +163,26 @@ def tiny_model_config(config, vocab_size) -> ModelConfig:
       intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
       max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
-      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, arch="qwen2")
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
+      arch="qwen2")
 
 
 def model_config(config, vocab_size) -> ModelConfig:
   """The policy's architecture: a checkpoint's config.json (`model.hf_path`), a preset's or a
   config.json's shapes (`model.hf_config`), or the tiny decoder's fields; the `model`
-  group's dtype, param_dtype and remat apply to all three. No weights are read."""
+  group's dtype, param_dtype, remat and attention apply to all three. No weights are
+  read."""
   m = config.model
   if m.hf_path or m.hf_config:
     return config_from_hf(hf_config_dict(m.hf_path or m.hf_config), dtype=m.dtype,
-                          param_dtype=m.param_dtype).replace(remat=bool(m.remat))
+                          param_dtype=m.param_dtype).replace(remat=bool(m.remat),
+                                                             attention=m.attention)
   return tiny_model_config(config, vocab_size)
 
 
 def with_config(model, cfg: ModelConfig):
-  """`model`'s parameters in a `Decoder` built from `cfg` (same shapes, e.g. remat on)."""
+  """`model`'s parameters in a `Decoder` built from `cfg` (same shapes, e.g. remat on, another
+  attention path)."""
   if model.cfg == cfg:
     return model
   rebuilt = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -221,14 +225,17 @@ def optimizer(config, lr):
                                b1=o.b1, b2=o.b2, grad_clip=o.grad_clip)
 
 
-def _teacher_module(teacher_config, tokenizer, dtype):
+def _teacher_module(teacher_config, tokenizer, dtype, attention):
   """The model of an rljax run's config (its own width and depth; LoRA adapters when it
-  trained some), its parameters in `dtype` ("": the run's own)."""
+  trained some), its parameters in `dtype` ("": the run's own), attending by `attention`
+  (the student run's `model.attention`: the devices are this run's)."""
   m = teacher_config.model
   if m.hf_path:
-    model, _ = load_hf(m.hf_path, dtype=dtype or m.dtype, param_dtype=dtype or None)
+    model, _ = load_hf(m.hf_path, dtype=dtype or m.dtype, param_dtype=dtype or None,
+                       attention=attention)
   else:
-    model_cfg = tiny_model_config(teacher_config, tokenizer.vocab_size)
+    model_cfg = tiny_model_config(teacher_config, tokenizer.vocab_size).replace(
+        attention=attention)
     if dtype:
       model_cfg = model_cfg.replace(dtype=dtype, param_dtype=dtype)
     model = Decoder(model_cfg, rngs=nnx.Rngs(0))
@@ -262,9 +269,10 @@ def build_teacher(config, tokenizer, student_vocab_size: int, mesh) -> Teacher |
     teacher_config = saved_config(source)
     hf = teacher_config.model.hf_path
     teacher_tokenizer = build_tokenizer(teacher_config, None if hf else build_task(teacher_config))
-    model = _teacher_module(teacher_config, teacher_tokenizer, dtype)
+    model = _teacher_module(teacher_config, teacher_tokenizer, dtype, config.model.attention)
   else:
-    model, _ = load_hf(source, dtype=dtype or None, param_dtype=dtype or None)
+    model, _ = load_hf(source, dtype=dtype or None, param_dtype=dtype or None,
+                       attention=config.model.attention)
     has_tokenizer = (pathlib.Path(source) / "tokenizer_config.json").is_file()
     teacher_tokenizer = HFTokenizer(source) if has_tokenizer else None
   _check_teacher_vocabulary(source, tokenizer, teacher_tokenizer,
