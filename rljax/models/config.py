@@ -53,7 +53,11 @@ class ModelConfig:
     arch: "llama", "qwen2" or "qwen3" (decides the Hugging Face export layout).
     dtype: compute dtype name ("float32" or "bfloat16").
     param_dtype: parameter storage dtype name.
-    remat: rematerialise each decoder block in the backward pass (`nnx.remat`).
+    remat: rematerialise each decoder block in the backward pass (`jax.checkpoint`).
+    scan_layers: hold the L identical blocks as one `rljax.models.stack.LayerStack`
+      (parameters stacked on a leading "layers" axis) and run them as one `jax.lax.scan`,
+      so compile time stays flat in depth; False: one module per block, a Python loop
+      (same values and Hugging Face names; its parameter paths are `layers/<i>/...`).
     bos_token_id, eos_token_id, pad_token_id: carried through to / from config.json.
   """
 
@@ -76,6 +80,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  scan_layers: bool = True
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None

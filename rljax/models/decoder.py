@@ -13,6 +13,7 @@ from flax import nnx
 from rljax.models.attention import Attention, write_cache
 from rljax.models.config import ModelConfig
 from rljax.models.layers import MLP, RMSNorm, param, rope_cos_sin
+from rljax.models.stack import LayerStack, call_layer
 
 
 class KVCache(NamedTuple):
@@ -104,21 +105,6 @@ def positions_from_mask(attention_mask_bs):
   return jnp.maximum(jnp.cumsum(attention_mask_bs > 0, axis=1, dtype=jnp.int32) - 1, 0)
 
 
-def _layer_call(layer, x, cos, sin, mask):
-  return layer(x, cos, sin, mask)
-
-
-def _remat_layer_call(layer, x, cos, sin, mask):
-  """`_layer_call` rematerialised in the backward pass (`jax.checkpoint` over the layer's
-  split state). Unlike `nnx.remat`, it works under plain `jax.grad` of a merged module
-  (the trainer's update step), where nnx.remat fails with a TraceContextError."""
-  graphdef, state = nnx.split(layer)
-
-  def pure(state, x, cos, sin, mask):
-    return _layer_call(nnx.merge(graphdef, state), x, cos, sin, mask)
-  return jax.checkpoint(pure)(state, x, cos, sin, mask)
-
-
 class Decoder(nnx.Module):
   """Token embedding, L pre-norm blocks, final RMSNorm, lm head (tied or untied).
 
@@ -129,13 +115,18 @@ class Decoder(nnx.Module):
 
   Attention always takes explicit `positions` and an `attention_mask`, so left-padded
   batches give the same outputs on their real tokens as unpadded ones.
+
+  `layers` is the list of blocks: with `cfg.scan_layers` one `LayerStack` of the L blocks
+  (run as one scan over stacked parameters, `rljax.models.stack`), else L `DecoderLayer`s.
+  Both are initialised with the same values (the stack stacks L freshly built blocks).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = cfg.weight_dtype
     self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    blocks = [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+    self.layers = nnx.List([LayerStack(blocks)] if cfg.scan_layers else blocks)
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
     if not cfg.tie_embeddings:
       self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -183,10 +174,25 @@ class Decoder(nnx.Module):
     if segment_ids is not None:
       chex.assert_equal_shape([tokens_bs, segment_ids])
       mask_bst = mask_bst & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    call = _remat_layer_call if self.cfg.remat else _layer_call
-    for layer in self.layers:
-      x = call(layer, x, cos, sin, mask_bst)
+    for block in self.layers:   # a DecoderLayer or a LayerStack (one scan)
+      x = call_layer(block, x, cos, sin, mask_bst, remat=self.cfg.remat)
     return self.final_norm(x)
+
+  def layer_list(self) -> list[DecoderLayer]:
+    """The L blocks in order as modules: a stack's layers as slices of its parameters."""
+    return [layer for block in self.layers
+            for layer in (block.layers() if isinstance(block, LayerStack) else [block])]
+
+  def locate_layer(self, i: int) -> tuple[DecoderLayer, int | None]:
+    """(the module holding block i's parameters, i's index on their leading "layers" axis,
+    or None when the module is block i itself)."""
+    first = 0
+    for block in self.layers:
+      count = block.count if isinstance(block, LayerStack) else 1
+      if i < first + count:
+        return (block.layer, i - first) if isinstance(block, LayerStack) else (block, None)
+      first += count
+    raise IndexError(f"layer {i} of a {first}-layer decoder")
 
   def lm_head_matrix(self):
     """The output projection as [D,V] (the transposed embedding when tied)."""
@@ -212,7 +218,7 @@ class Decoder(nnx.Module):
     Compute once before a decode loop and pass as `fused=` to `forward_cached`: the
     values are unchanged, a few-row decode step runs two matmuls per layer fewer.
     """
-    return tuple(layer.fused_weights() for layer in self.layers)
+    return tuple(layer.fused_weights() for layer in self.layer_list())
 
   def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask, fused=None,
                     causal=True):
@@ -237,7 +243,7 @@ class Decoder(nnx.Module):
     if causal:
       mask_bst = mask_bst & (jnp.arange(s_max)[None, None, :] <= query_slot[:, :, None])
     ks, vs = [], []
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self.layer_list()):
       x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
                                  fused=None if fused is None else fused[i])
       ks.append(k_i)
