@@ -80,7 +80,9 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
-  scan_layers: bool = True
+  # not in the repr: a layout of the same model (same values, same HF tensors), so text
+  # keys made from the repr (the SFT warm-start cache) are shared by both layouts
+  scan_layers: bool = dataclasses.field(default=True, repr=False)
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None

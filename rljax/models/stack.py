@@ -57,8 +57,9 @@ def stack_modules(modules: Sequence[nnx.Module]) -> nnx.Module:
   """
   graphdef = nnx.split(modules[0])[0]
   states = [nnx.split(m)[1] for m in modules]
-  shapes = {jax.tree.structure(jax.tree.map(jnp.shape, s)) for s in states}
-  if len(shapes) != 1:
+  kinds = {(jax.tree.structure(s), tuple(jnp.shape(x) for x in jax.tree.leaves(s)))
+           for s in states}
+  if len(kinds) != 1:
     raise ValueError("stack_modules: the modules differ in structure")
   return nnx.merge(graphdef, jax.tree.map(_stack_variables, *states, is_leaf=_is_variable))
 
@@ -173,11 +174,14 @@ def _stack(xs, like=None):
   if isinstance(first, jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct((len(xs), *first.shape), first.dtype,
                                 sharding=_add_axis(getattr(first, "sharding", None)))
-  if isinstance(first, np.ndarray):
-    return np.stack(xs)
-  out = jnp.stack(xs)
+  out = np.stack(xs) if isinstance(first, np.ndarray) else jnp.stack(xs)
   sharding = getattr(like, "sharding", None)
   return jax.device_put(out, sharding) if isinstance(sharding, NamedSharding) else out
+
+
+def _raw(node):
+  """A mapping's own dict (an nnx.State wraps its nested dicts in States when indexed)."""
+  return node.raw_mapping if isinstance(node, nnx.State) else node
 
 
 def _map_layer_lists(tree, fn, like=None):
@@ -187,8 +191,8 @@ def _map_layer_lists(tree, fn, like=None):
     return tree
   if isinstance(tree, Mapping):
     out = {}
-    for key, node in tree.items():
-      other = None if like is None else like[key]
+    for key, node in _raw(tree).items():
+      other = None if like is None else _raw(like)[key]
       if key == LAYERS_KEY and _is_layer_list(node):
         out[key] = fn(node, other)
       else:
@@ -200,7 +204,7 @@ def _map_layer_lists(tree, fn, like=None):
 
 
 def _unstack_groups(groups, _like=None):
-  out = {}
+  groups, out = _raw(groups), {}
   for key in sorted(groups):
     group = groups[key]
     if _is_stack(group):
@@ -220,14 +224,14 @@ def per_layer_layout(tree):
 
 
 def _stack_groups_like(groups, like_groups):
-  out, i = {}, 0
+  groups, like_groups, out, i = _raw(groups), _raw(like_groups), {}, 0
   for key in sorted(like_groups):
     like = like_groups[key]
     if _is_stack(like):
       n = _count(like)
       parts = [groups[i + j] for j in range(n)]
-      out[key] = type(like)({STACK_KEY: jax.tree.map(
-          lambda lk, *xs: _stack(xs, lk), like[STACK_KEY], *parts, is_leaf=_is_variable)})
+      out[key] = {STACK_KEY: jax.tree.map(
+          lambda lk, *xs: _stack(xs, lk), like[STACK_KEY], *parts, is_leaf=_is_variable)}
       i += n
     else:
       out[key] = groups[i]
@@ -244,11 +248,12 @@ def stack_like(tree, like):
 
 
 def _stack_all(groups, _like=None):
+  groups = _raw(groups)
   layers = [groups[k] for k in sorted(groups)]
   if any(_is_stack(g) for g in layers):
     return groups
   stacked = jax.tree.map(lambda *xs: _stack(xs), *layers, is_leaf=_is_variable)
-  return type(groups)({0: type(groups)({STACK_KEY: stacked})})
+  return {0: {STACK_KEY: stacked}}
 
 
 def _path_key(entry) -> str:
@@ -283,3 +288,11 @@ def checkpoint_layout(saved_tree, target) -> tuple[object, Callable]:
   if tree_paths(stacked) <= saved:
     return stacked, per_layer_layout
   return target, lambda tree: tree
+
+
+def restore_in_layout(restore: Callable, saved_tree, target):
+  """`restore(t)` for the `t` of `checkpoint_layout(saved_tree, target)`, converted to
+  `target`'s layout: a checkpoint written per layer restores into a scanned model (and
+  back). `restore` takes the restore target (its shapes, dtypes and shardings)."""
+  restore_target, convert = checkpoint_layout(saved_tree, target)
+  return convert(restore(restore_target))

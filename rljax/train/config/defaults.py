@@ -87,6 +87,9 @@ def _model() -> ConfigDict:
       dtype="float32",
       param_dtype="float32",
       remat=False,
+      # the decoder blocks as one scan over stacked parameters (compile time flat in
+      # depth); False: one module per block (rljax.models.stack; same values)
+      scan_layers=True,
       # LoRA (rljax.models.lora): 0 = full fine-tuning; r > 0 trains fp32 adapters on
       # lora_targets only (the base stays frozen, the reference is the base: no second copy)
       lora_rank=0,

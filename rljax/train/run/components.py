@@ -162,14 +162,16 @@ def tiny_model_config(config, vocab_size) -> ModelConfig:
       intermediate_size=m.intermediate_size, num_layers=m.num_layers, num_heads=m.num_heads,
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
       max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
-      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, arch="qwen2")
+      dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_layers=m.scan_layers,
+      arch="qwen2")
 
 
 def build_models(config, tokenizer):
   """(actor, critic or None, model config). HF checkpoints or a tiny random decoder."""
   rngs = nnx.Rngs(config.run.seed)
   if config.model.hf_path:
-    actor, model_cfg = load_hf(config.model.hf_path, dtype=config.model.dtype)
+    actor, model_cfg = load_hf(config.model.hf_path, dtype=config.model.dtype,
+                               scan_layers=config.model.scan_layers)
   else:
     model_cfg = tiny_model_config(config, tokenizer.vocab_size)
     actor = Decoder(model_cfg, rngs=rngs)
