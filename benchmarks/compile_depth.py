@@ -16,12 +16,18 @@ parameters sharded over its chips (`fsdp`) by rljax's logical-axis rules. The pe
 compilation cache is off, so every compile is a real one.
 
     python benchmarks/compile_depth.py [--cases qwen2.5-7b:4,...] [--layouts scanned,per_layer]
-                                       [--seq 2048] [--topology v5p:2x2x1] [--reduced]
+                                       [--seq 2048] [--reps 1] [--topology v5p:2x2x1]
+                                       [--no-cpu] [--reduced]
+
+On a shared host a compile's time varies with the load (the same 28-layer scanned TPU
+compile took 34-68 s here): `--reps` repeats each pair, scanned and per-layer alternating.
 
 One line per compile: RESULT {"metric": "compile_s", "shape", "layers", "scan_layers",
-"platform", "devices", "seq", "lower_s", "compile_s", "total_s", "flops", "temp_bytes",
-"load"} (`lower_s`: tracing and lowering; `compile_s`: XLA; `flops` and `temp_bytes` per
-device, from the compiled program's cost and memory analyses, null where not reported).
+"platform", "devices", "seq", "rep", "lower_s", "compile_s", "total_s", "flops",
+"temp_bytes", "error", "load"}: `lower_s` tracing and lowering, `compile_s` XLA; `flops`
+and `temp_bytes` per device, from the compiled program's cost and memory analyses (null
+where not reported); `error` why the compile failed (e.g. a TPU program larger than the
+chips' HBM), else null.
 Note: XLA's cost analysis counts a loop's body once, so a scanned program's `flops` are
 about one layer's, not L layers'.
 `--reduced` runs tiny shapes for the CI smoke test (tests/test_benchmarks_compile_depth.py).
@@ -103,20 +109,27 @@ def _per_device(analysis, key):
 
 
 def compile_once(cfg, seq: int, mesh=None) -> dict:
-  """Seconds to lower and to compile the program, its FLOPs and temporaries per device."""
+  """Seconds to lower and to compile the program, its FLOPs and temporaries per device;
+  `error` names why a compile failed (e.g. a TPU program that does not fit in HBM: XLA
+  refuses it), else None."""
   import jax
 
   graphdef, params, tokens = abstract_inputs(cfg, seq, mesh)
   t0 = time.perf_counter()
   lowered = jax.jit(loss_and_grad(graphdef, seq)).lower(params, tokens)
   t1 = time.perf_counter()
-  compiled = lowered.compile()
+  out = {"lower_s": round(t1 - t0, 2), "flops": None, "temp_bytes": None, "error": None}
+  try:
+    compiled = lowered.compile()
+  except Exception as err:  # noqa: BLE001 - reported, the other compiles go on
+    compiled, out["error"] = None, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
   t2 = time.perf_counter()
-  memory = compiled.memory_analysis()
-  return {"lower_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
-          "total_s": round(t2 - t0, 2),
-          "flops": _per_device(compiled.cost_analysis(), "flops"),
-          "temp_bytes": None if memory is None else int(memory.temp_size_in_bytes)}
+  out.update(compile_s=round(t2 - t1, 2), total_s=round(t2 - t0, 2))
+  if compiled is not None:
+    memory = compiled.memory_analysis()
+    out.update(flops=_per_device(compiled.cost_analysis(), "flops"),
+               temp_bytes=None if memory is None else int(memory.temp_size_in_bytes))
+  return out
 
 
 def tpu_mesh(topology: str):
@@ -150,6 +163,7 @@ def parse_args(argv=None):
   parser.add_argument("--cases", default=None, help=f"SHAPE:LAYERS,... (default {CASES})")
   parser.add_argument("--layouts", default="scanned,per_layer", help="scanned,per_layer")
   parser.add_argument("--seq", type=int, default=None, help="tokens per sequence (2048)")
+  parser.add_argument("--reps", type=int, default=1, help="compiles per case and layout")
   parser.add_argument("--topology", default="", help="also AOT-compile for this TPU slice")
   parser.add_argument("--no-cpu", action="store_true", help="only the --topology compiles")
   parser.add_argument("--reduced", action="store_true", help="tiny shapes (CI smoke test)")
@@ -184,13 +198,14 @@ def main(argv=None):
   for platform, mesh in targets(args):
     compile_once(model_config("reduced", 1, True), 8, mesh)   # untimed: one-time start-up
     for shape, layers in args.cases:
-      for layout in args.layouts:   # alternating, so a load change hits both layouts
-        cfg = model_config(shape, layers, LAYOUTS[layout])
-        row = {"metric": "compile_s", "shape": shape, "layers": layers,
-               "scan_layers": LAYOUTS[layout], "platform": platform,
-               "devices": 1 if mesh is None else mesh.size, "seq": args.seq,
-               **compile_once(cfg, args.seq, mesh), "load": round(os.getloadavg()[0], 1)}
-        print("RESULT " + json.dumps(row), flush=True)
+      for rep in range(args.reps):
+        for layout in args.layouts:   # alternating, so a load change hits both layouts
+          cfg = model_config(shape, layers, LAYOUTS[layout])
+          row = {"metric": "compile_s", "shape": shape, "layers": layers,
+                 "scan_layers": LAYOUTS[layout], "platform": platform,
+                 "devices": 1 if mesh is None else mesh.size, "seq": args.seq, "rep": rep,
+                 **compile_once(cfg, args.seq, mesh), "load": round(os.getloadavg()[0], 1)}
+          print("RESULT " + json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

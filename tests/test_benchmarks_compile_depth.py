@@ -14,8 +14,8 @@ sys.path.insert(0, str(BENCH))
 
 import compile_depth  # noqa: E402
 
-FIELDS = {"metric", "shape", "layers", "scan_layers", "platform", "devices", "seq", "lower_s",
-          "compile_s", "total_s", "flops", "temp_bytes", "load"}
+FIELDS = {"metric", "shape", "layers", "scan_layers", "platform", "devices", "seq", "rep", "lower_s",
+          "compile_s", "total_s", "flops", "temp_bytes", "error", "load"}
 
 
 def test_reduced_run_prints_one_result_per_compile():
@@ -37,6 +37,7 @@ def test_reduced_run_prints_one_result_per_compile():
     assert row["metric"] == "compile_s" and row["shape"] == "reduced" and row["seq"] == 8
     assert row["lower_s"] >= 0 and row["compile_s"] > 0 and row["total_s"] >= row["compile_s"]
     assert row["devices"] == (1 if row["platform"] == "cpu" else 4)
+    assert row["error"] is None and row["temp_bytes"] > 0
   assert all(r["platform"] == "tpu:v5p:2x2x1" for r in tpu)
 
 
