@@ -118,7 +118,9 @@ class Decoder(nnx.Module):
 
   `layers` is the list of blocks: with `cfg.scan_layers` one `LayerStack` of the L blocks
   (run as one scan over stacked parameters, `rljax.models.stack`), else L `DecoderLayer`s.
-  Both are initialised with the same values (the stack stacks L freshly built blocks).
+  Both are initialised with the same values (the stack stacks L freshly built blocks, so
+  building one with random weights holds both copies for a moment; `load_hf` builds it
+  abstractly).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

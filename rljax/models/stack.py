@@ -85,13 +85,9 @@ class LayerStack(nnx.Module):
     self.count = len(layers)
     self.layer = stack_modules(layers)
 
-  def layer_at(self, i: int) -> nnx.Module:
-    """Layer `i` as its own module (a slice of every parameter; a copy, for reading)."""
-    graphdef, state = nnx.split(self.layer)
-    return nnx.merge(graphdef, jax.tree.map(lambda x: x[i], state))
-
   def layers(self) -> list[nnx.Module]:
-    """Every layer as its own module (`layer_at`), split once."""
+    """Every layer as its own module: slices of the stacked parameters (copies, for
+    reading; writes to them do not reach the stack)."""
     graphdef, state = nnx.split(self.layer)
     return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state))
             for i in range(self.count)]
