@@ -10,6 +10,8 @@ from flax import nnx
 from tolerances import assert_close_f32, f32_atol
 
 from rljax.models import Decoder, ModelConfig, positions_from_mask
+from rljax.models.logprobs import token_logprobs
+from rljax.models.stack import LayerStack, per_layer_layout, stack_like
 from rljax.models.testing import perturb_params
 
 CFG = ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -97,6 +99,52 @@ def test_remat_gives_same_values_and_gradients():
   # gradient (some leaves, e.g. the key bias, are ~0 up to rounding)
   g_max = max(float(np.abs(np.asarray(g)).max()) for g in grads[0])
   for a, b in zip(*grads):
+    assert_close_f32(a, b, ulps=256, scale=g_max)
+
+
+def test_scanned_decoder_starts_from_the_per_layer_decoders_values():
+  """Same seed, same parameters: the stack stacks the L blocks a per-layer decoder builds."""
+  scanned = Decoder(CFG.replace(num_layers=3), rngs=nnx.Rngs(4))
+  looped = Decoder(CFG.replace(num_layers=3, scan_layers=False), rngs=nnx.Rngs(4))
+  assert isinstance(scanned.layers[0], LayerStack) and len(looped.layers) == 3
+  assert scanned.layers[0].layer.mlp.gate.get_metadata()["out_sharding"] == (
+      "layers", "embed", "mlp")
+  want = jax.tree.leaves(nnx.state(looped))
+  got = jax.tree.leaves(per_layer_layout(nnx.state(scanned)))
+  assert len(got) == len(want)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_scanned_and_per_layer_decoders_give_equal_logits_and_gradients(remat):
+  """One scan over stacked layers == a Python loop over the layers: logits, log-probs and
+  every gradient, taken as the trainer takes them (plain `jax.grad` of a merged module)."""
+  cfg = CFG.replace(num_layers=3, remat=remat)
+  looped = _randomize(Decoder(cfg.replace(scan_layers=False), rngs=nnx.Rngs(7)), 8)
+  scanned = Decoder(cfg, rngs=nnx.Rngs(0))
+  nnx.update(scanned, stack_like(nnx.state(looped), nnx.state(scanned)))
+  tokens, positions, mask = _left_padded(np.random.default_rng(3), 3, 5, 4, CFG.vocab_size)
+
+  def value_and_grad(model):
+    graphdef, state = nnx.split(model)
+
+    def loss(state):
+      m = nnx.merge(graphdef, state)
+      logp = token_logprobs(m, tokens, positions, mask, prompt_len=5, chunk_size=3)
+      return jnp.sum(logp), m(tokens, positions=positions, attention_mask=mask)
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+
+  (want_loss, want_logits), want_grad = value_and_grad(looped)
+  (got_loss, got_logits), got_grad = value_and_grad(scanned)
+  # the scan's body is the loop's block compiled once: other fusions, the same math
+  assert_close_f32(got_logits, want_logits, ulps=256)
+  assert_close_f32(got_loss, want_loss, ulps=256, scale=np.abs(np.asarray(want_loss)) + 1)
+  want_leaves = jax.tree.leaves(want_grad)
+  got_leaves = jax.tree.leaves(per_layer_layout(got_grad))
+  assert len(got_leaves) == len(want_leaves)
+  g_max = max(float(np.abs(np.asarray(g)).max()) for g in want_leaves)
+  for a, b in zip(got_leaves, want_leaves):
     assert_close_f32(a, b, ulps=256, scale=g_max)
 
 

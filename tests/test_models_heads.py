@@ -68,6 +68,6 @@ def test_critic_from_reward_model_and_from_policy():
       critic)
   g = jax.tree.leaves(grads)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in g)
-  assert np.any(np.asarray(grads["trunk"]["layers"][0]["mlp"]["down"][...]) != 0)
+  assert np.any(np.asarray(grads["trunk"]["layers"][0]["layer"]["mlp"]["down"][...]) != 0)
   critic.head.b[...] = critic.head.b[...] + 1.0
   assert not np.allclose(critic.head.b[...], rm.head.b[...])

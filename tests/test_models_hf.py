@@ -157,11 +157,45 @@ def test_export_round_trip(case, tmp_path):
   # and back into rljax: parameters bit-identical (also for bf16 storage)
   again, cfg2 = load_hf(str(tmp_path), param_dtype=cfg.param_dtype)
   for spec in tensor_specs(cfg):
-    a, b = spec.get(model)[...], spec.get(again)[...]
+    a, b = _tensor(spec, model), _tensor(spec, again)
     assert a.dtype == b.dtype, spec.hf_name
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=spec.hf_name)
   if cfg.arch == "qwen2" and not cfg.attention_bias:  # zero-filled on export
-    assert cfg2.attention_bias and not np.any(np.asarray(again.layers[0].attn.q_bias[...]))
+    q_bias = again.layer_list()[0].attn.q_bias[...]
+    assert cfg2.attention_bias and not np.any(np.asarray(q_bias))
+
+
+def _tensor(spec, model):
+  """The rljax side of one HF tensor (a layer's slice of a stacked parameter)."""
+  var, index = spec.get(model)
+  return var[...] if index is None else var[...][index]
+
+
+def test_scanned_and_per_layer_decoders_load_and_save_the_same_tensors(tmp_path):
+  """`scan_layers` stacks HF's per-layer tensors on load and splits them on save: the same
+  values, logits and safetensors file (names, shapes, bytes) as one module per layer."""
+  hf_model = _hf_model("qwen3_gqa_untied", seed=2)
+  hf_model.save_pretrained(tmp_path / "in")
+  scanned, cfg = load_hf(str(tmp_path / "in"))
+  looped, cfg_looped = load_hf(str(tmp_path / "in"), scan_layers=False)
+  assert cfg.scan_layers and not cfg_looped.scan_layers
+  assert scanned.layers[0].layer.attn.q[...].shape == (cfg.num_layers, 64, 4, 24)
+  assert looped.layers[1].attn.q[...].shape == (64, 4, 24)
+  for spec in tensor_specs(cfg):
+    np.testing.assert_array_equal(_tensor(spec, scanned), _tensor(spec, looped),
+                                  err_msg=spec.hf_name)
+  tokens, positions, mask = _batch(3)
+  want = _hf_logits(hf_model, tokens, positions, mask)
+  for model in (scanned, looped):   # JAX vs torch, as above
+    err = _max_err(_rl_logits(model, tokens, positions, mask), want, mask)
+    assert err < f32_atol(want[mask > 0], ulps=256), err
+  save_hf(scanned, cfg, str(tmp_path / "scanned"))
+  save_hf(looped, cfg_looped, str(tmp_path / "looped"))
+  written = [load_file(str(tmp_path / d / "model.safetensors")) for d in ("scanned", "looped")]
+  assert sorted(written[0]) == sorted(written[1]) == sorted(load_file(
+      str(tmp_path / "in" / "model.safetensors")))
+  assert ((tmp_path / "scanned" / "model.safetensors").read_bytes()
+          == (tmp_path / "looped" / "model.safetensors").read_bytes())
 
 
 def test_unsupported_architecture_error(tmp_path):

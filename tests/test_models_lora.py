@@ -20,6 +20,7 @@ from rljax.models import (
     save_peft_adapter,
 )
 from rljax.models.lora import adapters, merge_lora
+from rljax.models.stack import stack_like
 from rljax.models.testing import perturb_params, tiny_config
 
 
@@ -44,22 +45,51 @@ def _randomise_b(model, seed=0, scale=0.3):
     adapter.b[...] = jnp.asarray(scale * rng.standard_normal(adapter.b[...].shape), jnp.float32)
 
 
-def test_adapter_count_dtype_and_axes():
-  _, model = _lora_model()
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_adapter_count_dtype_and_axes(scan_layers):
+  _, model = _lora_model(scan_layers=scan_layers)
   found = adapters(model)
-  assert len(found) == 7 * 2                       # every target of both layers
   lora = nnx.state(model, nnx.LoRAParam)
-  assert len(jax.tree.leaves(lora)) == 2 * 14
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(lora))
-  q = found[(0, "q")]
-  assert q.a[...].shape == (64, 4) and q.b[...].shape == (4, 4, 16)
-  assert q.a.get_metadata()["out_sharding"] == ("embed", "lora")
-  assert q.b.get_metadata()["out_sharding"] == ("lora", "heads", "kv")
-  o = found[(1, "o")]
-  assert o.a[...].shape == (4, 16, 4) and o.b[...].shape == (4, 64)
+  if scan_layers:   # one stacked adapter per target, both layers on the leading axis
+    assert len(found) == 7 and len(jax.tree.leaves(lora)) == 2 * 7
+    q, o, lead, axis = found[(0, "q")], found[(0, "o")], (2,), ("layers",)
+  else:
+    assert len(found) == 7 * 2 and len(jax.tree.leaves(lora)) == 2 * 14
+    q, o, lead, axis = found[(0, "q")], found[(1, "o")], (), ()
+  assert q.a[...].shape == (*lead, 64, 4) and q.b[...].shape == (*lead, 4, 4, 16)
+  assert q.a.get_metadata()["out_sharding"] == (*axis, "embed", "lora")
+  assert q.b.get_metadata()["out_sharding"] == (*axis, "lora", "heads", "kv")
+  assert o.a[...].shape == (*lead, 4, 16, 4) and o.b[...].shape == (*lead, 4, 64)
   with pytest.raises(ValueError, match="one of"):
     add_lora(Decoder(tiny_config(), rngs=nnx.Rngs(0)), rank=2, alpha=1, targets=("qkv",),
              rngs=nnx.Rngs(0))
+
+
+def test_scanned_adapters_are_the_per_layer_adapters_stacked(tmp_path):
+  """The same seeds give a scanned LoRA model the same A as the per-layer one (stacked);
+  with the same parameters both give the same logits, merged weights and PEFT files."""
+  _, scanned = _lora_model(seed=2)
+  _, looped = _lora_model(seed=2, scan_layers=False)
+  per_layer = adapters(looped)
+  for (first, name), adapter in adapters(scanned).items():
+    np.testing.assert_array_equal(adapter.a[...], np.stack(
+        [per_layer[(first + j, name)].a[...] for j in range(2)]))
+  _randomise_b(looped, seed=3)
+  # (perturb_params drew other noise for the stacked leaves: take the base and B too)
+  nnx.update(scanned, stack_like(nnx.state(looped), nnx.state(scanned)))
+  tokens, mask = _batch(seed=4)
+  want = looped(tokens, attention_mask=mask)
+  assert_close_f32(scanned(tokens, attention_mask=mask), want, ulps=256)   # scan vs loop
+  assert_close_f32(merge_lora(scanned)(tokens, attention_mask=mask), want, ulps=256)
+  cfg = tiny_config()
+  save_peft_adapter(scanned, cfg, str(tmp_path / "scanned"))
+  save_peft_adapter(looped, cfg, str(tmp_path / "looped"))
+  assert ((tmp_path / "scanned" / "adapter_model.safetensors").read_bytes()
+          == (tmp_path / "looped" / "adapter_model.safetensors").read_bytes())
+  again = load_peft_adapter(Decoder(tiny_config(), rngs=nnx.Rngs(2)), str(tmp_path / "looped"))
+  for key, adapter in adapters(again).items():
+    np.testing.assert_array_equal(adapter.b[...], adapters(scanned)[key].b[...])
 
 
 def test_zero_b_gives_the_base_model_at_every_entry_point():
@@ -119,8 +149,9 @@ def test_adapters_off_is_the_base_model():
 
 def test_bf16_base_keeps_fp32_adapters():
   _, model = _lora_model(dtype="bfloat16", param_dtype="bfloat16")
-  assert model.layers[0].attn.q[...].dtype == jnp.bfloat16
-  assert model.layers[0].attn.q_lora.a[...].dtype == jnp.float32
+  layer = model.layer_list()[0]
+  assert layer.attn.q[...].dtype == jnp.bfloat16
+  assert layer.attn.q_lora.a[...].dtype == jnp.float32
   tokens, mask = _batch()
   graphdef, state = nnx.split(model)     # (XLA CPU runs bf16 dots with f32 output under jit)
   logits = jax.jit(lambda s, t, m: nnx.merge(graphdef, s)(t, attention_mask=m))(state, tokens, mask)

@@ -65,8 +65,10 @@ def _grad(model, tokens, positions, mask):
   return nnx.grad(loss)(model)
 
 
-def test_sharded_forward_and_grad_equal_unsharded():
-  ref = Decoder(CFG, rngs=nnx.Rngs(1))
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_sharded_forward_and_grad_equal_unsharded(scan_layers):
+  cfg = CFG.replace(num_layers=2, scan_layers=scan_layers)
+  ref = Decoder(cfg, rngs=nnx.Rngs(1))
   rng = np.random.default_rng(0)
   mask = np.ones((4, 7), np.int32)
   mask[1, :2] = 0
@@ -77,8 +79,11 @@ def test_sharded_forward_and_grad_equal_unsharded():
   want_grad = _grad(ref, tokens, positions, mask)
 
   mesh = make_mesh(data=1, fsdp=4, tensor=2)
-  model = shard_model(Decoder(CFG, rngs=nnx.Rngs(1)), mesh)
-  assert model.layers[0].mlp.gate[...].sharding.spec == P("fsdp", "tensor")
+  model = shard_model(Decoder(cfg, rngs=nnx.Rngs(1)), mesh)
+  # a stack's leading "layers" axis is never split; each layer is sharded as it was
+  layer, lead = (model.layers[0].layer, (None,)) if scan_layers else (model.layers[0], ())
+  assert layer.mlp.gate[...].sharding.spec == P(*lead, "fsdp", "tensor")
+  assert layer.attn.o[...].sharding.spec == P(*lead, "tensor", None, "fsdp")
   assert model.embed[...].sharding.spec == P("tensor", "fsdp")
   batch = [jax.device_put(x, batch_sharding(mesh, 2)) for x in (tokens, positions, mask)]
   got = _forward(model, *batch)
@@ -86,6 +91,9 @@ def test_sharded_forward_and_grad_equal_unsharded():
   # fsdp x tensor sharded vs one device: other matmul splits and reduction orders
   assert_close_f32(got, want, ulps=256)
   got_grad = _grad(model, *batch)
+  if scan_layers:   # the stacked gradient comes out sharded like its parameter
+    gate_grad = got_grad["layers"][0]["layer"]["mlp"]["gate"][...]
+    assert gate_grad.sharding.is_equivalent_to(layer.mlp.gate[...].sharding, 3)
   # the bound scales with the largest gradient (some leaves are ~0 up to rounding)
   g_max = max(float(np.abs(np.asarray(g)).max()) for g in jax.tree.leaves(want_grad))
   for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from train_micro import MICRO, micro_config
+from train_micro import MICRO, micro_config, restored_state
 
 from rljax.train.loop import train
 
@@ -114,3 +114,44 @@ def test_corrupt_newest_checkpoint_falls_back_to_previous(tmp_path, capsys):
   iterations = [json.loads(line)["iteration"]
                 for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
   assert iterations == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_checkpoint_of_a_per_layer_run_resumes_scanned(tmp_path, capsys, lora):
+  """A run checkpointed with one module per layer (as before `model.scan_layers`) resumes
+  with scanned layers: parameters, optimizer moments (and a LoRA run's frozen base) stacked
+  on restore, equal to what was saved; the run then trains on."""
+  from rljax.models.stack import per_layer_layout
+
+  overrides = dict(MICRO, **{"run.iterations": 1, "run.save_every": 1, "model.num_layers": 2,
+                             "model.scan_layers": False,
+                             **({"model.lora_rank": 2} if lora else {})})
+  train(micro_config("grpo", tmp_path, **overrides))
+  run_dir = tmp_path / "grpo"
+  saved = _final_params(run_dir, 1)
+  assert "1" in saved["actor"]["layers"]   # written per layer
+  scanned = micro_config("grpo", tmp_path, **dict(overrides, **{"model.scan_layers": True}))
+  state = restored_state(run_dir, scanned)
+  assert sorted(state.actor["layers"]) == [0] and "layer" in state.actor["layers"][0]
+  for part in ("actor", "actor_opt"):
+    back, want = _by_path(per_layer_layout(getattr(state, part))), _by_path(saved[part])
+    assert sorted(back) == sorted(want)
+    for path, value in want.items():
+      np.testing.assert_array_equal(back[path], value, err_msg=str(path))
+  if lora:   # the base (written once, per layer) stacked too
+    assert state.base["layers"][0]["layer"]["attn"]["q"][...].shape[0] == 2
+  capsys.readouterr()
+  result = train(micro_config("grpo", tmp_path, **dict(overrides, **{
+      "model.scan_layers": True, "run.iterations": 2})))
+  assert "resumed from checkpoint 1" in capsys.readouterr().out
+  assert result["iterations"] == 2
+
+
+def _by_path(tree):
+  """{leaf path with every key as a string: host array} (orbax reads integer keys back as
+  strings)."""
+  def key(entry):
+    return str(next(getattr(entry, f) for f in ("key", "name", "idx") if hasattr(entry, f)))
+  return {tuple(map(key, path)): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}

@@ -60,6 +60,11 @@ class ModelConfig:
       than one query runs (`rljax.models.attention_kernels`): xla materialises the scores;
       chunked (any device), splash (TPU) and cudnn (GPU) need memory linear in the length;
       auto picks by platform and length (xla for short rows on CPU: today's numbers).
+    remat: rematerialise each decoder block in the backward pass (`jax.checkpoint`).
+    scan_layers: hold the L identical blocks as one `rljax.models.stack.LayerStack`
+      (parameters stacked on a leading "layers" axis) and run them as one `jax.lax.scan`,
+      so compile time stays flat in depth; False: one module per block, a Python loop
+      (same values and Hugging Face names; its parameter paths are `layers/<i>/...`).
     bos_token_id, eos_token_id, pad_token_id: carried through to / from config.json.
     num_experts: routed experts E of a mixture-of-experts MLP (`rljax.models.moe`); 0: every
       layer is dense. Names as in `transformers`' Qwen3MoeConfig / Qwen2MoeConfig.
@@ -92,6 +97,9 @@ class ModelConfig:
   param_dtype: str = "float32"
   remat: bool = False
   attention: str = "auto"
+  # not in the repr: a layout of the same model (same values, same HF tensors), so text
+  # keys made from the repr (the SFT warm-start cache) are shared by both layouts
+  scan_layers: bool = dataclasses.field(default=True, repr=False)
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None

@@ -14,6 +14,7 @@ from rljax.models.attention import Attention, write_cache
 from rljax.models.attention_kernels import AttentionMask
 from rljax.models.config import ModelConfig
 from rljax.models.layers import MLP, RMSNorm, param, rope_cos_sin
+from rljax.models.stack import LayerStack, call_layer
 
 
 class KVCache(NamedTuple):
@@ -25,6 +26,9 @@ class KVCache(NamedTuple):
   are read in place and written with `dynamic_update_slice` (measured 1.2-2x faster
   decode at S_max 128-512 on CPU). Keys are stored transposed so that a decode step's
   q kᵀ is a plain matmul over contiguous slots (`attention._one_query_attention`).
+  A scanned decoder (`ModelConfig.scan_layers`) keeps this cache and loops over its
+  layers when decoding: a scan over the layers carrying one stacked cache decoded 1.2x
+  (batch 64) to 1.7x (batch 8) slower (docs/performance.md, "Scanned layers").
   """
 
   k: tuple[jax.Array, ...]
@@ -102,21 +106,6 @@ def positions_from_mask(attention_mask_bs):
   return jnp.maximum(jnp.cumsum(attention_mask_bs > 0, axis=1, dtype=jnp.int32) - 1, 0)
 
 
-def _layer_call(layer, x, cos, sin, mask):
-  return layer(x, cos, sin, mask)
-
-
-def _remat_layer_call(layer, x, cos, sin, mask):
-  """`_layer_call` rematerialised in the backward pass (`jax.checkpoint` over the layer's
-  split state). Unlike `nnx.remat`, it works under plain `jax.grad` of a merged module
-  (the trainer's update step), where nnx.remat fails with a TraceContextError."""
-  graphdef, state = nnx.split(layer)
-
-  def pure(state, x, cos, sin, mask):
-    return _layer_call(nnx.merge(graphdef, state), x, cos, sin, mask)
-  return jax.checkpoint(pure)(state, x, cos, sin, mask)
-
-
 class Decoder(nnx.Module):
   """Token embedding, L pre-norm blocks, final RMSNorm, lm head (tied or untied).
 
@@ -127,13 +116,20 @@ class Decoder(nnx.Module):
 
   Attention always takes explicit `positions` and an `attention_mask`, so left-padded
   batches give the same outputs on their real tokens as unpadded ones.
+
+  `layers` is the list of blocks: with `cfg.scan_layers` one `LayerStack` of the L blocks
+  (run as one scan over stacked parameters, `rljax.models.stack`), else L `DecoderLayer`s.
+  Both are initialised with the same values (the stack stacks L freshly built blocks, so
+  building one with random weights holds both copies for a moment; `load_hf` builds it
+  abstractly).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = cfg.weight_dtype
     self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-    self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    blocks = [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
+    self.layers = nnx.List([LayerStack(blocks)] if cfg.scan_layers else blocks)
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
     if not cfg.tie_embeddings:
       self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -178,10 +174,25 @@ class Decoder(nnx.Module):
     if segment_ids is not None:
       chex.assert_equal_shape([tokens_bs, segment_ids])
     mask_bst = AttentionMask.full(attention_mask, segment_ids)  # [B,S,S], as [B,S] vectors
-    call = _remat_layer_call if self.cfg.remat else _layer_call
-    for layer in self.layers:
-      x = call(layer, x, cos, sin, mask_bst)
+    for block in self.layers:   # a DecoderLayer or a LayerStack (one scan)
+      x = call_layer(block, x, cos, sin, mask_bst, remat=self.cfg.remat)
     return self.final_norm(x)
+
+  def layer_list(self) -> list[DecoderLayer]:
+    """The L blocks in order as modules: a stack's layers as slices of its parameters."""
+    return [layer for block in self.layers
+            for layer in (block.layers() if isinstance(block, LayerStack) else [block])]
+
+  def locate_layer(self, i: int) -> tuple[DecoderLayer, int | None]:
+    """(the module holding block i's parameters, i's index on their leading "layers" axis,
+    or None when the module is block i itself)."""
+    first = 0
+    for block in self.layers:
+      count = block.count if isinstance(block, LayerStack) else 1
+      if i < first + count:
+        return (block.layer, i - first) if isinstance(block, LayerStack) else (block, None)
+      first += count
+    raise IndexError(f"layer {i} of a {first}-layer decoder")
 
   def lm_head_matrix(self):
     """The output projection as [D,V] (the transposed embedding when tied)."""
@@ -202,12 +213,19 @@ class Decoder(nnx.Module):
                    v=zeros(batch_size, c.num_kv_heads, max_len, c.head_dim))
 
   def fused_weights(self):
-    """Per layer, the q|k|v and gate|up projections concatenated (`DecoderLayer.fused_weights`).
+    """Per layer, (the q|k|v and gate|up projections concatenated, `DecoderLayer.fused_weights`;
+    the layer as its own module).
 
     Compute once before a decode loop and pass as `fused=` to `forward_cached`: the
     values are unchanged, a few-row decode step runs two matmuls per layer fewer.
+
+    Note: a `LayerStack`'s layers are slices of its stacked parameters, taken here, once
+    per loop: sliced inside the decode step, XLA CPU copied them at every step (measured
+    1.3-1.4x slower batch-8 decode than one module per layer; sliced here, the same speed).
+    The slices the step still reads (o, down, the norms; q|k|v and gate|up are read
+    fused) then sit beside the stack for the loop's duration, about a third of its bytes.
     """
-    return tuple(layer.fused_weights() for layer in self.layers)
+    return tuple((layer.fused_weights(), layer) for layer in self.layer_list())
 
   def hidden_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask, fused=None,
                     causal=True):
@@ -228,9 +246,10 @@ class Decoder(nnx.Module):
     cos, sin = rope_cos_sin(positions, self.cfg)
     mask_bst = AttentionMask.cached(kv_mask, start, causal=causal)  # [B,S,S_max], as vectors
     ks, vs = [], []
-    for i, layer in enumerate(self.layers):
+    layers = self.layer_list() if fused is None else [layer for _, layer in fused]
+    for i, layer in enumerate(layers):
       x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
-                                 fused=None if fused is None else fused[i])
+                                 fused=None if fused is None else fused[i][0])
       ks.append(k_i)
       vs.append(v_i)
     return self.final_norm(x), KVCache(tuple(ks), tuple(vs))

@@ -37,10 +37,13 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 class TensorSpec(NamedTuple):
-  """One HF tensor <-> one rljax parameter."""
+  """One HF tensor <-> one rljax parameter, or one layer's slice of a stacked parameter
+  (`ModelConfig.scan_layers`: HF's per-layer tensors are stacked on load, split on save)."""
 
   hf_name: str
-  get: Callable[[Decoder], nnx.Variable]  # the rljax Variable
+  # model -> (the rljax Variable, the layer's index on its leading "layers" axis, or None
+  # when the tensor is the whole Variable)
+  get: Callable[[Decoder], tuple[nnx.Variable, int | None]]
   from_hf: Callable[[np.ndarray], np.ndarray]  # HF layout -> rljax layout
   to_hf: Callable[[np.ndarray], np.ndarray]  # rljax layout -> HF layout
 
@@ -67,52 +70,60 @@ def _reshape(*shape):
   return (lambda w: w.reshape(shape), lambda w: w.reshape(-1))
 
 
-def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-  """The full HF <-> rljax name and layout mapping for `cfg`."""
+def _whole(get):
+  return lambda m: (get(m), None)
+
+
+def _in_layer(i, get):
+  """Spec getter of layer i's tensor `get(layer module)`, wherever the decoder keeps it."""
+  def locate(m):
+    module, index = m.locate_layer(i)
+    return get(module), index
+  return locate
+
+
+def _layer_tensors(cfg: ModelConfig) -> list[tuple]:
+  """(HF name after `model.layers.<i>.`, getter on a layer, from_hf, to_hf) of every
+  per-layer tensor."""
   d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  specs = [TensorSpec("model.embed_tokens.weight", lambda m: m.embed, _identity, _identity),
-           TensorSpec("model.norm.weight", lambda m: m.final_norm.scale, _identity, _identity)]
+  out = [
+      ("input_layernorm.weight", lambda L: L.attn_norm.scale, _identity, _identity),
+      ("post_attention_layernorm.weight", lambda L: L.mlp_norm.scale, _identity, _identity),
+      ("self_attn.q_proj.weight", lambda L: L.attn.q, *_in_split(d, h, dh)),
+      ("self_attn.k_proj.weight", lambda L: L.attn.k, *_in_split(d, k, dh)),
+      ("self_attn.v_proj.weight", lambda L: L.attn.v, *_in_split(d, k, dh)),
+      ("self_attn.o_proj.weight", lambda L: L.attn.o, *_out_split(d, h, dh)),
+      ("mlp.gate_proj.weight", lambda L: L.mlp.gate, *_transpose()),
+      ("mlp.up_proj.weight", lambda L: L.mlp.up, *_transpose()),
+      ("mlp.down_proj.weight", lambda L: L.mlp.down, *_transpose()),
+  ]
+  if cfg.attention_bias:
+    out += [("self_attn.q_proj.bias", lambda L: L.attn.q_bias, *_reshape(h, dh)),
+            ("self_attn.k_proj.bias", lambda L: L.attn.k_bias, *_reshape(k, dh)),
+            ("self_attn.v_proj.bias", lambda L: L.attn.v_bias, *_reshape(k, dh))]
+  if cfg.attention_out_bias:
+    out.append(("self_attn.o_proj.bias", lambda L: L.attn.o_bias, _identity, _identity))
+  if cfg.qk_norm:
+    out += [("self_attn.q_norm.weight", lambda L: L.attn.q_norm.scale, _identity, _identity),
+            ("self_attn.k_norm.weight", lambda L: L.attn.k_norm.scale, _identity, _identity)]
+  return out
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+  """The full HF <-> rljax name and layout mapping for `cfg`.
+
+  Per-layer tensors come parameter by parameter (every layer's q_proj, then every layer's
+  k_proj, ...), so a stacked parameter is read, or written, whole before the next one.
+  """
+  specs = [TensorSpec("model.embed_tokens.weight", _whole(lambda m: m.embed), _identity,
+                      _identity),
+           TensorSpec("model.norm.weight", _whole(lambda m: m.final_norm.scale), _identity,
+                      _identity)]
   if not cfg.tie_embeddings:
-    specs.append(TensorSpec("lm_head.weight", lambda m: m.lm_head, *_transpose()))
-  for i in range(cfg.num_layers):
-    p = f"model.layers.{i}."
-    lay = lambda m, i=i: m.layers[i]
-    specs += [
-        TensorSpec(p + "input_layernorm.weight", lambda m, L=lay: L(m).attn_norm.scale,
-                   _identity, _identity),
-        TensorSpec(p + "post_attention_layernorm.weight", lambda m, L=lay: L(m).mlp_norm.scale,
-                   _identity, _identity),
-        TensorSpec(p + "self_attn.q_proj.weight", lambda m, L=lay: L(m).attn.q,
-                   *_in_split(d, h, dh)),
-        TensorSpec(p + "self_attn.k_proj.weight", lambda m, L=lay: L(m).attn.k,
-                   *_in_split(d, k, dh)),
-        TensorSpec(p + "self_attn.v_proj.weight", lambda m, L=lay: L(m).attn.v,
-                   *_in_split(d, k, dh)),
-        TensorSpec(p + "self_attn.o_proj.weight", lambda m, L=lay: L(m).attn.o,
-                   *_out_split(d, h, dh)),
-        TensorSpec(p + "mlp.gate_proj.weight", lambda m, L=lay: L(m).mlp.gate, *_transpose()),
-        TensorSpec(p + "mlp.up_proj.weight", lambda m, L=lay: L(m).mlp.up, *_transpose()),
-        TensorSpec(p + "mlp.down_proj.weight", lambda m, L=lay: L(m).mlp.down, *_transpose()),
-    ]
-    if cfg.attention_bias:
-      specs += [
-          TensorSpec(p + "self_attn.q_proj.bias", lambda m, L=lay: L(m).attn.q_bias,
-                     *_reshape(h, dh)),
-          TensorSpec(p + "self_attn.k_proj.bias", lambda m, L=lay: L(m).attn.k_bias,
-                     *_reshape(k, dh)),
-          TensorSpec(p + "self_attn.v_proj.bias", lambda m, L=lay: L(m).attn.v_bias,
-                     *_reshape(k, dh)),
-      ]
-    if cfg.attention_out_bias:
-      specs.append(TensorSpec(p + "self_attn.o_proj.bias", lambda m, L=lay: L(m).attn.o_bias,
-                              _identity, _identity))
-    if cfg.qk_norm:
-      specs += [
-          TensorSpec(p + "self_attn.q_norm.weight", lambda m, L=lay: L(m).attn.q_norm.scale,
-                     _identity, _identity),
-          TensorSpec(p + "self_attn.k_norm.weight", lambda m, L=lay: L(m).attn.k_norm.scale,
-                     _identity, _identity),
-      ]
+    specs.append(TensorSpec("lm_head.weight", _whole(lambda m: m.lm_head), *_transpose()))
+  for suffix, get, from_hf, to_hf in _layer_tensors(cfg):
+    specs += [TensorSpec(f"model.layers.{i}.{suffix}", _in_layer(i, get), from_hf, to_hf)
+              for i in range(cfg.num_layers)]
   return specs
 
 
@@ -183,10 +194,23 @@ def _tensor_index(path: str) -> dict[str, str]:
   return out
 
 
+def _set(pending: dict, var, index, value) -> None:
+  """Writes `value` into `var`, or into slot `index` of its host buffer in `pending`; a
+  stacked Variable is set once all its layers are in (then its buffer is dropped)."""
+  if index is None:
+    var.set_value(jnp.asarray(value))
+    return
+  entry = pending.setdefault(id(var), [np.empty(var.shape, value.dtype), set()])
+  entry[0][index] = value
+  entry[1].add(index)
+  if len(entry[1]) == var.shape[0]:
+    var.set_value(jnp.asarray(pending.pop(id(var))[0]))
+
+
 def _fill(model, specs, path, cfg) -> None:
   """Reads every tensor in `specs` from the checkpoint at `path` into `model`."""
   where = _tensor_index(path)
-  handles = {}
+  handles, pending = {}, {}
   used = set()
   try:
     for spec in specs:
@@ -196,12 +220,13 @@ def _fill(model, specs, path, cfg) -> None:
       file = where[spec.hf_name]
       if file not in handles:
         handles[file] = safe_open(file, framework="np").__enter__()
-      var = spec.get(model)
+      var, index = spec.get(model)
+      want = tuple(var.shape) if index is None else tuple(var.shape[1:])
       value = spec.from_hf(handles[file].get_tensor(spec.hf_name))
-      if tuple(value.shape) != tuple(var.shape):
+      if tuple(value.shape) != want:
         raise ValueError(f"Tensor {spec.hf_name!r} has shape {value.shape} after layout "
-                         f"conversion, expected {tuple(var.shape)}")
-      var.set_value(jnp.asarray(value.astype(cfg.weight_dtype)))
+                         f"conversion, expected {want}")
+      _set(pending, var, index, value.astype(cfg.weight_dtype))
       used.add(spec.hf_name)
   finally:
     for h in handles.values():
@@ -217,7 +242,7 @@ def _read_config(path, **kwargs) -> ModelConfig:
 
 
 def load_hf(path: str, *, dtype=None, param_dtype=None,
-            attention: str = "auto") -> tuple[Decoder, ModelConfig]:
+            attention: str = "auto", scan_layers: bool = True) -> tuple[Decoder, ModelConfig]:
   """Loads a local Hugging Face Llama / Qwen2 / Qwen3 causal-LM checkpoint directory.
 
   Args:
@@ -227,12 +252,15 @@ def load_hf(path: str, *, dtype=None, param_dtype=None,
     param_dtype: parameter storage dtype (default float32: master weights for training
       stay float32 under bf16 compute; pass "bfloat16" to halve memory for inference).
     attention: `ModelConfig.attention` (how attention runs; not in config.json).
+    scan_layers: `ModelConfig.scan_layers` (the per-layer tensors stacked into one
+      `LayerStack`, or one module per layer; the same values either way).
   Returns:
     (model, model_config).
   Raises:
     ValueError: unsupported architecture or a tensor missing from the checkpoint.
   """
-  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype).replace(attention=attention)
+  cfg = _read_config(path, dtype=dtype, param_dtype=param_dtype).replace(
+      attention=attention, scan_layers=scan_layers)
   model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   _fill(model, tensor_specs(cfg), path, cfg)
   return model, cfg
@@ -241,7 +269,7 @@ def load_hf(path: str, *, dtype=None, param_dtype=None,
 def _reward_specs(cfg: ModelConfig) -> list[TensorSpec]:
   trunk = [s._replace(get=lambda m, g=s.get: g(m.trunk))
            for s in tensor_specs(cfg.replace(tie_embeddings=True))]
-  score = TensorSpec("score.weight", lambda m: m.head.w, lambda w: w.reshape(-1),
+  score = TensorSpec("score.weight", _whole(lambda m: m.head.w), lambda w: w.reshape(-1),
                      lambda w: w.reshape(1, -1))
   return trunk + [score]
 
@@ -307,11 +335,17 @@ def _to_numpy(x) -> np.ndarray:
 
 def _write(model, specs, shapes_model, cfg, hf_cfg, path) -> None:
   tensors = {}
+  host = (None, None)   # (Variable, its host copy): a stacked one is copied once
   for spec in specs:
     try:
-      value = _to_numpy(spec.get(model)[...])
+      var, index = spec.get(model)
     except AttributeError:  # a bias this model does not have
-      value = np.zeros(spec.get(shapes_model).shape, cfg.weight_dtype)
+      var, index = spec.get(shapes_model)
+      value = np.zeros(var.shape if index is None else var.shape[1:], cfg.weight_dtype)
+    else:
+      if host[0] is not var:
+        host = (var, _to_numpy(var[...]))
+      value = host[1] if index is None else host[1][index]
     tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(value))
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:

@@ -125,15 +125,20 @@ def with_lora(module, name, x_bsf, y):
 
 def merged_weight(module, name):
   """The projection's weight with its LoRA update merged in, W + (α/r)·A·B, in float32
-  (the weight itself, unchanged, when the module has no adapter for it)."""
+  (the weight itself, unchanged, when the module has no adapter for it).
+
+  Also for a stacked module (`rljax.models.stack.LayerStack`): W [n, *in, *out], A
+  [n, *in, r] and B [n, r, *out] give n merged weights.
+  """
   w = getattr(module, name)[...]
   adapter = getattr(module, f"{name}_lora", None)
   if adapter is None:
     return w
   a, b = adapter.a[...].astype(jnp.float32), adapter.b[...].astype(jnp.float32)
   r = a.shape[-1]
-  delta = (a.reshape(-1, r) @ b.reshape(r, -1)).reshape(w.shape)
-  return w.astype(jnp.float32) + adapter.scale * delta
+  lead = a.ndim + b.ndim - 2 - w.ndim   # leading (stacked) axes: 0 for one layer
+  delta = a.reshape(*a.shape[:lead], -1, r) @ b.reshape(*b.shape[:lead], r, -1)
+  return w.astype(jnp.float32) + adapter.scale * delta.reshape(w.shape)
 
 
 def dense(x_bsf, w_fd):

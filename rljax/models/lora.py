@@ -9,7 +9,9 @@ projection, MLP included, match full fine-tuning even at rank 1, at ~10x its lea
 Each adapter is an `nnx.Module` attribute `<name>_lora` beside the projection `<name>`
 (`attn.q_lora`, `mlp.down_lora`, ...) holding `nnx.LoRAParam`s `a` [*in_shape, r] and
 `b` [r, *out_shape] in float32 with logical axes (the base's own plus "lora"), so
-`rljax.parallel` shards them like their weight. `rljax.models.layers` applies them in
+`rljax.parallel` shards them like their weight. In a scanned decoder
+(`ModelConfig.scan_layers`) the adapters of a `LayerStack`'s n layers are stacked like its
+weights: `a` [n, *in_shape, r], `b` [n, r, *out_shape], "layers" first. `rljax.models.layers` applies them in
 every entry point: the full forward, `hidden_states`, `forward_cached`, and the fused
 decode weights (merged there once per call, i.e. once per rollout).
 
@@ -31,6 +33,7 @@ from flax import nnx
 from rljax.models.config import ModelConfig
 from rljax.models.decoder import Decoder
 from rljax.models.layers import merged_weight
+from rljax.models.stack import LayerStack, stack_modules
 
 TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 _ATTENTION = ("q", "k", "v", "o")
@@ -76,6 +79,17 @@ def _owner(layer, name):
   return layer.attn if name in _ATTENTION else layer.mlp
 
 
+def _groups(model):
+  """(index of its first layer, the module holding its parameters, n layers stacked or None
+  for a single layer) of each block of the decoder."""
+  out, first = [], 0
+  for block in getattr(model, "layers", []):
+    stacked = isinstance(block, LayerStack)
+    out.append((first, block.layer if stacked else block, block.count if stacked else None))
+    first += block.count if stacked else 1
+  return out
+
+
 def _check_targets(targets):
   targets = tuple(targets)
   unknown = [t for t in targets if t not in TARGETS]
@@ -107,28 +121,46 @@ def add_lora(model, *, rank: int, alpha: float, targets=TARGETS, rngs: nnx.Rngs)
     raise ValueError(f"LoRA needs rank >= 1 and alpha > 0, got rank={rank}, alpha={alpha}")
   if has_lora(model):
     raise ValueError("add_lora: the model already has LoRA adapters")
-  cfg = model.cfg
-  for layer in model.layers:
-    for name in targets:
-      owner = _owner(layer, name)
-      axes = getattr(owner, name).get_metadata()["out_sharding"]
-      in_shape, out_shape = _shapes(name, cfg)
-      n_in = len(in_shape)
-      setattr(owner, f"{name}_lora", LoRAAdapter(
-          in_shape, out_shape, rank=rank, alpha=alpha, in_axes=axes[:n_in],
-          out_axes=axes[n_in:], rngs=rngs))
+  for _, layer, count in _groups(model):
+    # layer by layer, target by target: a stack's adapters draw the same random A as the
+    # same layers' adapters unstacked
+    made = [[_new_adapter(layer, name, model.cfg, rank, alpha, count, rngs)
+             for name in targets] for _ in range(count or 1)]
+    for k, name in enumerate(targets):
+      new = [row[k] for row in made]
+      setattr(_owner(layer, name), f"{name}_lora",
+              new[0] if count is None else stack_modules(new))
   return model
 
 
-def adapters(model):
-  """{(layer index, projection name): LoRAAdapter} of the model (empty without LoRA)."""
-  out = {}
-  for i, layer in enumerate(getattr(model, "layers", [])):
+def _new_adapter(layer, name, cfg, rank, alpha, count, rngs):
+  axes = getattr(_owner(layer, name), name).get_metadata()["out_sharding"]
+  axes = axes if count is None else axes[1:]   # a stack's weights: "layers" first
+  in_shape, out_shape = _shapes(name, cfg)
+  n_in = len(in_shape)
+  return LoRAAdapter(in_shape, out_shape, rank=rank, alpha=alpha, in_axes=axes[:n_in],
+                     out_axes=axes[n_in:], rngs=rngs)
+
+
+def _slots(model):
+  """(first layer index, layers stacked or None, module holding them, projection name,
+  adapter) of every adapter."""
+  out = []
+  for first, layer, count in _groups(model):
     for name in TARGETS:
       adapter = getattr(_owner(layer, name), f"{name}_lora", None)
       if adapter is not None:
-        out[(i, name)] = adapter
+        out.append((first, count, layer, name, adapter))
   return out
+
+
+def adapters(model):
+  """{(layer index, projection name): LoRAAdapter} of the model (empty without LoRA).
+
+  In a scanned decoder the key's index is the first layer of the adapter's `LayerStack`,
+  and the adapter holds the stack's layers on its leading axis.
+  """
+  return {(first, name): adapter for first, _, _, name, adapter in _slots(model)}
 
 
 def has_lora(model) -> bool:
@@ -159,10 +191,10 @@ def merge_lora(model):
   merged = Decoder(model.cfg, rngs=nnx.Rngs(0))
   base = nnx.state(model, nnx.Not(nnx.LoRAParam))
   nnx.update(merged, base)
-  for (i, name), _ in adapters(model).items():
-    owner = _owner(model.layers[i], name)
-    w = getattr(_owner(merged.layers[i], name), name)
-    w[...] = merged_weight(owner, name).astype(w[...].dtype)
+  merged_layers = {first: layer for first, layer, _ in _groups(merged)}
+  for first, _, layer, name, _ in _slots(model):
+    w = getattr(_owner(merged_layers[first], name), name)
+    w[...] = merged_weight(_owner(layer, name), name).astype(w[...].dtype)
   return merged
 
 
@@ -195,12 +227,13 @@ def save_peft_adapter(model, model_config: ModelConfig, path: str, *,
 
   cfg = lora_config(model)
   tensors = {}
-  for (i, name), adapter in adapters(model).items():
+  for first, count, _, name, adapter in _slots(model):
     a_to, b_to, _, _ = _peft_layout(name, model_config)
-    tensors[_peft_key(i, name, "A")] = np.ascontiguousarray(
-        a_to(np.asarray(adapter.a[...], np.float32)))
-    tensors[_peft_key(i, name, "B")] = np.ascontiguousarray(
-        b_to(np.asarray(adapter.b[...], np.float32)))
+    a, b = np.asarray(adapter.a[...], np.float32), np.asarray(adapter.b[...], np.float32)
+    for j in range(count or 1):   # a stack's layers one by one
+      a_j, b_j = (a, b) if count is None else (a[j], b[j])
+      tensors[_peft_key(first + j, name, "A")] = np.ascontiguousarray(a_to(a_j))
+      tensors[_peft_key(first + j, name, "B")] = np.ascontiguousarray(b_to(b_j))
   peft_cfg = {
       "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["rank"],
       "lora_alpha": cfg["alpha"], "lora_dropout": 0.0, "bias": "none",
@@ -250,9 +283,12 @@ def load_peft_adapter(model, path: str, *, rngs: nnx.Rngs | None = None):
     raise ValueError(f"{path}: adapter rank {rank} / targets {targets} differ from the "
                      f"model's ({have['rank']}, {have['targets']})")
   tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
-  for (i, name), adapter in adapters(model).items():
+  for first, count, _, name, adapter in _slots(model):
     _, _, a_from, b_from = _peft_layout(name, model.cfg)
-    adapter.a[...] = jnp.asarray(a_from(tensors[_peft_key(i, name, "A")]), jnp.float32)
-    adapter.b[...] = jnp.asarray(b_from(tensors[_peft_key(i, name, "B")]), jnp.float32)
+    layers = range(first, first + (count or 1))
+    a = [a_from(tensors[_peft_key(i, name, "A")]) for i in layers]
+    b = [b_from(tensors[_peft_key(i, name, "B")]) for i in layers]
+    adapter.a[...] = jnp.asarray(a[0] if count is None else np.stack(a), jnp.float32)
+    adapter.b[...] = jnp.asarray(b[0] if count is None else np.stack(b), jnp.float32)
     adapter.alpha, adapter.scale = alpha, alpha / rank
   return model

@@ -28,6 +28,7 @@ from rljax.models.config import ModelConfig
 from rljax.models.decoder import positions_from_mask
 from rljax.models.heads import RewardModel, last_token_index
 from rljax.models.hf import load_hf_reward
+from rljax.models.stack import restore_in_layout
 
 # ------------------------------------------------------------------------------- losses
 
@@ -276,8 +277,10 @@ def load_reward_model(path: str) -> RewardModel:
     cfg = ModelConfig(**json.load(f))
   model = nnx.eval_shape(lambda: RewardModel(cfg, rngs=nnx.Rngs(0)))
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
-  with ocp.StandardCheckpointer() as ckpt:
-    nnx.update(model, ckpt.restore(os.path.join(path, "params"), target))
+  params = os.path.join(path, "params")
+  with ocp.StandardCheckpointer() as ckpt:   # saved scanned or per layer: either loads
+    nnx.update(model, restore_in_layout(lambda t: ckpt.restore(params, t),
+                                        ckpt.metadata(params).item_metadata, target))
   return model
 
 

@@ -97,6 +97,9 @@ def _model() -> ConfigDict:
       # bf16) are memory-linear; auto: splash on TPU (one device, or under jax.set_mesh),
       # cudnn on GPU, else xla up to 256 x 256 query x key pairs per row, chunked beyond
       attention="auto",
+      # the decoder blocks as one scan over stacked parameters (compile time flat in
+      # depth); False: one module per block (rljax.models.stack; same values)
+      scan_layers=True,
       # LoRA (rljax.models.lora): 0 = full fine-tuning; r > 0 trains fp32 adapters on
       # lora_targets only (the base stays frozen, the reference is the base: no second copy)
       lora_rank=0,

@@ -2,7 +2,9 @@
 
 Orbax writes each step into a temporary directory and renames it when complete, so a
 half-written checkpoint is never picked up. On restore, an unreadable newest step is
-reported and the previous one is used. Under `jax.distributed` every process calls
+reported and the previous one is used. A checkpoint written with one module per decoder
+layer (before `ModelConfig.scan_layers`, or with it off) restores into a scanned model, its
+layers stacked (`rljax.models.stack.checkpoint_layout`), and the other way round. Under `jax.distributed` every process calls
 `save` / `restore_latest` (orbax writes and reads collectively; each process its shards).
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from rljax import parallel
+from rljax.models.stack import restore_in_layout
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +30,9 @@ class Checkpointer:
     self.directory = pathlib.Path(run_dir).absolute() / "checkpoints"
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "host"))
+    # handlers named up front: a step's metadata is then readable before any restore
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+        "state": ocp.StandardCheckpointHandler(), "host": ocp.JsonCheckpointHandler()})
 
   def save(self, step, state, host_state):
     """Starts an (asynchronous) save of `state` (a pytree) and JSON-able `host_state`."""
@@ -54,19 +58,31 @@ class Checkpointer:
     for step in reversed(self.steps()):
       out, failure = None, None
       try:
-        out = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
+        out = self._restore_step(step, target)
       except Exception as err:  # noqa: BLE001 - any unreadable checkpoint falls back
         failure = f"{type(err).__name__}: {err}"
       # Under jax.distributed all processes fall back together if any one failed.
       if not parallel.any_process(failure is not None):
-        return step, out.state, out.host
+        return step, *out
       log.warning("checkpoint step %s is unreadable (%s); falling back to an older one",
                   step, failure or "on another process")
       print(f"[rljax] checkpoint {step} unreadable "
             f"({failure.split(':')[0] if failure else 'on another process'}); "
             "falling back to the previous one")
     return None
+
+  def _restore_step(self, step, target):
+    """(state, host state) of checkpoint `step`, the state in `target`'s layer layout
+    (checkpoints written before layers were scanned are stacked on restore)."""
+    host = []
+
+    def restore(state_target):
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(state_target), host=ocp.args.JsonRestore()))
+      host.append(out.host)
+      return out.state
+    state = restore_in_layout(restore, self.manager.item_metadata(step)["state"], target)
+    return state, host[0]
 
   @property
   def frozen_directory(self) -> pathlib.Path:
@@ -86,7 +102,8 @@ class Checkpointer:
       return None
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_tree)
     with ocp.StandardCheckpointer() as ckpt:
-      return ckpt.restore(self.frozen_directory, target)
+      saved = ckpt.metadata(self.frozen_directory).item_metadata
+      return restore_in_layout(lambda t: ckpt.restore(self.frozen_directory, t), saved, target)
 
   def close(self):
     self.manager.wait_until_finished()

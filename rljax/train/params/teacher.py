@@ -18,6 +18,8 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from rljax.models.stack import restore_in_layout
+
 
 @dataclasses.dataclass
 class Teacher:
@@ -52,14 +54,18 @@ def is_run_dir(path) -> bool:
 
 def _restore(directory, abstract, key=None):
   """`abstract`'s structure restored from an orbax pytree directory (only the subtree `key`
-  of what was saved, when given), with `abstract`'s dtypes (cast) and shardings."""
+  of what was saved, when given), with `abstract`'s dtypes (cast) and shardings, and its
+  layer layout (a run saved with one module per layer restores into a scanned model)."""
   target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract)
-  args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype), target)
   if key is not None:
-    target, args = {key: target}, {key: args}
+    target = {key: target}
+
+  def restore(item):
+    args = jax.tree.map(lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, dtype=s.dtype), item)
+    return ckpt.restore(directory, args=ocp.args.PyTreeRestore(
+        item=item, restore_args=args, partial_restore=key is not None))
   with ocp.PyTreeCheckpointer() as ckpt:
-    out = ckpt.restore(directory, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=args, partial_restore=key is not None))
+    out = restore_in_layout(restore, ckpt.metadata(directory).item_metadata, target)
   return out if key is None else out[key]
 
 

@@ -164,7 +164,7 @@ def tiny_model_config(config, vocab_size) -> ModelConfig:
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
       max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
       dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
-      arch="qwen2")
+      scan_layers=m.scan_layers, arch="qwen2")
 
 
 def model_config(config, vocab_size) -> ModelConfig:
@@ -176,7 +176,8 @@ def model_config(config, vocab_size) -> ModelConfig:
   if m.hf_path or m.hf_config:
     return config_from_hf(hf_config_dict(m.hf_path or m.hf_config), dtype=m.dtype,
                           param_dtype=m.param_dtype).replace(remat=bool(m.remat),
-                                                             attention=m.attention)
+                                                             attention=m.attention,
+                                                             scan_layers=bool(m.scan_layers))
   return tiny_model_config(config, vocab_size)
 
 
@@ -204,7 +205,7 @@ def build_models(config, tokenizer):
   model_cfg = model_config(config, tokenizer.vocab_size)
   if config.model.hf_path:
     actor, _ = load_hf(config.model.hf_path, dtype=model_cfg.dtype,
-                       param_dtype=model_cfg.param_dtype)
+                       param_dtype=model_cfg.param_dtype, scan_layers=model_cfg.scan_layers)
     actor = with_config(actor, model_cfg)
   else:
     actor = Decoder(model_cfg, rngs=nnx.Rngs(config.run.seed))

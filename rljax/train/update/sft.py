@@ -17,6 +17,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from rljax.data.tasks import WORKED_OPTIONS
+from rljax.models.stack import restore_in_layout
 from rljax.train.config.specs import SFTSpec
 from rljax.train.rollout.demonstrations import demonstration_batch
 from rljax.train.update import objective
@@ -106,8 +107,9 @@ def warm_start(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fr
     cache = pathlib.Path(spec.cache_dir).absolute() / spec.cache_key
     if cache.exists():
       target = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
-      with ocp.StandardCheckpointer() as ckpt:
-        return ckpt.restore(cache, target)
+      with ocp.StandardCheckpointer() as ckpt:   # (in either layer layout)
+        return restore_in_layout(lambda t: ckpt.restore(cache, t),
+                                 ckpt.metadata(cache).item_metadata, target)
   params, _ = train_sft(graphdef, ctx, params, spec=spec, seed=seed, progress=progress,
                         frozen=frozen)
   if cache is not None and not cache.exists():
