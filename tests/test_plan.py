@@ -34,9 +34,13 @@ def _plan(topology, *extra, **overrides):
   return e.value.code, out.getvalue()
 
 
-@pytest.fixture(scope="module", params=["v5e:2x2", "v5p:2x2x1"])
+# scanned layers (the default) on both chips, and the layers as a Python loop on one: the
+# update's FLOPs count the scan's body once per layer (XLA's own cost analysis counts it once)
+@pytest.fixture(scope="module", params=[("v5e:2x2", True), ("v5p:2x2x1", True),
+                                        ("v5e:2x2", False)], ids=lambda p: f"{p[0]}-scan{p[1]}")
 def planned(request):
-  code, out = _plan(request.param, "--json")
+  topology, scan = request.param
+  code, out = _plan(topology, "--json", **{"model.scan_layers": scan})
   assert out.count("\n") == 1   # --json: one object, one line
   return code, json.loads(out)
 

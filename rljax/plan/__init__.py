@@ -8,11 +8,13 @@ weights) and compiled by the TPU compiler for the slice's compile-only devices
 (`jax.experimental.topologies`, libtpu). What the compiler reports becomes the plan:
 
     {"topology", "chips", "mesh": {"data", "fsdp", "tensor"}, "fits",
-     "programs": [{"name", "fits", "compile_s", "flops", "bytes_accessed" (per chip),
+     "programs": [{"name", "fits", "compile_s",
+                   "flops", "bytes_accessed" (per chip, per call, every loop counted by its
+                                              trip count: `rljax.plan.cost`),
                    "per_chip_bytes": {"arguments", "outputs", "temporaries", "aliases",
                                       "generated_code", "resident", "total"},
                    "hbm_bytes", "collectives": {KIND: {"count", "bytes"}}, "roofline_s",
-                   "largest_buffers", "calls", ...}],
+                   "largest_buffers", "loops", "calls", ...}],
      "iteration": {"roofline_s", "generation_s", "forwards_s", "update_s", "update_mfu"},
      "state_bytes", "model", "shapes", "chip", "notes", "search" (when something does not fit)}
 

@@ -20,6 +20,8 @@ _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(.*\) -> .*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
 _CALLED = re.compile(r"\b(calls|body|condition|branch_computations|true_computation|"
                      r"false_computation|called_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_REFERS = re.compile(r"\b(?:calls|body|condition|branch_computations|true_computation|"
+                     r"false_computation|called_computations|to_apply)=(\{[^}]*\}|%?[\w.\-]+)")
 _TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute",
@@ -36,22 +38,39 @@ def shape_bytes(text: str) -> list[float]:
   return out
 
 
-def _computations(text: str) -> dict:
-  """{name: (is_entry, [instruction lines])} of an HLO module's text."""
+def computations(text: str, *, headers: bool = False) -> dict:
+  """{name: (is_entry, [instruction lines])} of an HLO module's text, in the order it
+  defines them (callees first); `headers`: (is_entry, lines, header line without "ENTRY ")."""
   comps, name = {}, None
   for line in text.splitlines():
     header = _HEADER.match(line)
     if header:
       name = header.group(2)
-      comps[name] = (bool(header.group(1)), [])
+      comps[name] = (bool(header.group(1)), [], line.removeprefix("ENTRY "))
     elif line.startswith("}"):
       name = None
     elif name is not None:
       comps[name][1].append(line)
-  return comps
+  return comps if headers else {k: v[:2] for k, v in comps.items()}
 
 
-def _trip_count(line: str, comps: dict) -> int:
+def opcode(line: str) -> str:
+  """The opcode of an HLO instruction line ("" for anything else)."""
+  instr = _INSTR.match(line)
+  return instr.group(3) if instr else ""
+
+
+def callees(lines) -> list[str]:
+  """Names of the computations the instruction `lines` refer to (fused computations, loop
+  bodies and conditions, branches, called computations, reducers)."""
+  out = []
+  for line in lines:
+    for targets in _REFERS.findall(line):
+      out += [t for t in re.split(r"[,\s]+", targets.strip("{}").replace("%", "").strip()) if t]
+  return out
+
+
+def trip_count(line: str, comps: dict) -> int:
   """A while loop's iterations: the compiler's `known_trip_count`, else N when its condition
   is `counter < constant(N)` (a `lax.scan` or `fori_loop`, counting from 0), else 1."""
   known = _TRIP.search(line)
@@ -75,7 +94,7 @@ def _multipliers(comps: dict) -> tuple[dict, set]:
     for line in lines:
       instr = _INSTR.match(line)
       opcode = instr.group(3) if instr else ""
-      trip = _trip_count(line, comps) if opcode == "while" else 1
+      trip = trip_count(line, comps) if opcode == "while" else 1
       for kind, targets in _CALLED.findall(line):
         for target in re.split(r"[,\s]+", targets.strip("{}").replace("%", "").strip()):
           if not target:
@@ -104,7 +123,7 @@ def _kind(opcode: str, computation: str) -> str | None:
 def collectives(text: str) -> dict:
   """{kind: {"count", "bytes"}} over one call of the program: each collective's count and
   the bytes of the whole array it gathers, reduces or exchanges (per device)."""
-  comps = _computations(text)
+  comps = computations(text)
   mult, _ = _multipliers(comps)
   out = {}
   for name, (_, lines) in comps.items():
@@ -124,7 +143,7 @@ def collectives(text: str) -> dict:
 def largest_buffers(text: str, k: int = 5) -> list[dict]:
   """The `k` largest arrays a program materialises (results of unfused instructions, one
   device's shard), with the JAX operation that made them."""
-  comps = _computations(text)
+  comps = computations(text)
   _, fused = _multipliers(comps)
   seen = {}
   for name, (_, lines) in comps.items():

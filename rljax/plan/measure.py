@@ -1,5 +1,6 @@
 """Compiling one program and reading what the compiler says about it: per-device memory
-(`memory_analysis`), FLOPs and bytes (`cost_analysis`), collectives and largest arrays (the
+(`memory_analysis`), FLOPs and bytes (`cost_analysis`, every loop counted by its trip
+count: `rljax.plan.cost`), collectives and largest arrays (the
 optimized HLO), and the roofline time on the plan's chip.
 
 A program the TPU compiler cannot fit in a chip's HBM fails to compile; its report then
@@ -16,6 +17,7 @@ import jax
 
 from rljax.plan import hlo
 from rljax.plan.abstract import per_chip_bytes
+from rljax.plan.cost import loop_counted
 from rljax.plan.programs import Program
 
 
@@ -85,10 +87,10 @@ def measure(program: Program, chip, hbm_limit: float | None, devices: int) -> di
     report = _failed(program, lowered, args, err)
   t2 = time.perf_counter()
   if report is None:
-    cost = _cost(compiled.cost_analysis())
     text = compiled.as_text()
-    report = {"compiled": True, "flops": float(cost.get("flops", 0.0)),
-              "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+    cost = loop_counted(_cost(compiled.cost_analysis()), text)
+    report = {"compiled": True, "flops": cost["flops"],
+              "bytes_accessed": cost["bytes_accessed"], "loops": cost["loops"],
               "per_chip_bytes": _memory(compiled, program.resident),
               "largest_buffers": hlo.largest_buffers(text),
               "collectives": hlo.collectives(text)}
