@@ -19,7 +19,7 @@ K = 2
 
 @pytest.fixture(scope="module")
 def model():
-  return perturb_params(Decoder(tiny_moe_config(), rngs=nnx.Rngs(0)), scale=0.3)
+  return perturb_params(Decoder(tiny_moe_config(num_layers=3), rngs=nnx.Rngs(0)), scale=0.3)
 
 
 def _prompts(b=3, p=6, seed=0):

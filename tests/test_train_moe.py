@@ -24,7 +24,7 @@ MOE = {"model.num_experts": 4, "model.num_experts_per_tok": 2,
 
 @pytest.fixture(scope="module")
 def model():
-  return perturb_params(Decoder(tiny_moe_config(), rngs=nnx.Rngs(0)), scale=0.3)
+  return perturb_params(Decoder(tiny_moe_config(num_layers=3), rngs=nnx.Rngs(0)), scale=0.3)
 
 
 def _rollout(model, sampler_dtype=None, seed=0):
@@ -83,7 +83,7 @@ def test_a_bf16_sampler_flips_routes_and_the_metric_counts_them(model):
 def test_balancing_terms_reach_the_router(tmp_path):
   """The aux and z-loss gradients: every router's, never the last MoE layer's experts (its
   output feeds no router)."""
-  model = perturb_params(Decoder(tiny_moe_config(), rngs=nnx.Rngs(1)), scale=0.3)
+  model = perturb_params(Decoder(tiny_moe_config(num_layers=3), rngs=nnx.Rngs(1)), scale=0.3)
   _, batch = _rollout(model)
   b, t = batch["tokens"].shape
   batch.update(old_logp=jnp.zeros((b, t)), advantages=jnp.ones((b,)),
@@ -99,7 +99,7 @@ def test_balancing_terms_reach_the_router(tmp_path):
   base = grads()
   for coefs in ({"moe_aux_loss_coef": 0.1}, {"moe_z_loss_coef": 0.1}):
     diff = jax.tree.map(lambda a, c: np.abs(np.asarray(a - c)), grads(**coefs), base)
-    moe = diff["layers"][1]["layer"]["mlp"]   # layers 1..3: one scanned MoE stack
+    moe = diff["layers"][1]["layer"]["mlp"]   # layers 1, 2: one scanned MoE stack
     assert (moe["router"][...].max(axis=(1, 2)) > 0).all()
     assert moe["gate"][...][-1].max() == 0 and moe["down"][...][-1].max() == 0
 
