@@ -52,20 +52,31 @@ def _wait_for_checkpoint(run_dir, step, proc, timeout=240):
   raise AssertionError("no checkpoint appeared")
 
 
+# A MoE policy sampled in bf16 with routing replay: the routes of the batch in flight are
+# written beside the checkpoint and replayed after the resume.
+MOE_REPLAY = {"model.num_experts": 4, "model.num_experts_per_tok": 2,
+              "model.moe_intermediate_size": 32, "algo.routing_replay": "sampler",
+              "sampling.sampler_dtype": "bfloat16"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness,partial", [(0, False), (1, False), (2, True)],
-                         ids=["synchronous", "batches_in_flight", "partial_rollout_in_flight"])
-def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness, partial):
+@pytest.mark.parametrize("staleness,partial,extra", [
+    (0, False, {}), (1, False, {}), (2, True, {}), (1, False, MOE_REPLAY)],
+    ids=["synchronous", "batches_in_flight", "partial_rollout_in_flight",
+         "moe_routes_in_flight"])
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness, partial, extra):
   """Killed after checkpoint 2 and resumed: the same records and parameters as a run that
   was never interrupted; with sampling.max_staleness = 1 the batch sampled ahead of the
   checkpoint is written beside it and consumed after the resume; with k = 2 and partial
   rollouts so is the batch whose first segments (by versions the checkpoint no longer
-  holds) were sampled, and it resumes from its next segment."""
+  holds) were sampled, and it resumes from its next segment; with a MoE policy and routing
+  replay, so are that batch's recorded experts."""
   overrides = dict(MICRO, **{"run.iterations": 5, "run.save_every": 1,
                              "task.prompt_sampler": "prioritized", "algo.reward_norm": True,
                              "sampling.max_staleness": staleness,
                              "sampling.partial_rollouts": partial,
-                             "task.reward_fns": ["tests/signal_rewards.py:digit_share"]})
+                             "task.reward_fns": ["tests/signal_rewards.py:digit_share"]},
+                   **extra)
   reference = micro_config("grpo", tmp_path / "ref", **overrides)
   train(reference)
 
@@ -91,6 +102,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path, staleness, parti
     with np.load(saved[0]) as data:   # the older version the next batch starts with, too
       assert ("partial/meta" in data.files) == partial
       assert any(k.startswith("model") for k in data.files) == partial
+      assert ("0/routes" in data.files) == bool(extra)   # uint8 [B, P + T, L_moe, k]
+      assert not extra or data["0/routes"].dtype == np.uint8
   assert _records(run_dir) == _records(tmp_path / "ref" / "grpo")
   a, b = _final_params(run_dir, 5), _final_params(tmp_path / "ref" / "grpo", 5)
   jax.tree.map(np.testing.assert_array_equal, a, b)

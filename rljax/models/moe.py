@@ -33,6 +33,24 @@ def no_route(dtype) -> int:
   return int(jnp.iinfo(dtype).max)
 
 
+def compact_routes(expert_ids_lbsk, num_experts: int):
+  """A routing's expert ids in the sampler's compact row-major layout.
+
+  Args:
+    expert_ids_lbsk: int [L_moe, B, S, k] (`Routing.expert_ids` of a decoder).
+    num_experts: E.
+  Returns:
+    [B, S, L_moe, k] in `route_dtype(E)` (rows first, so they shard like the tokens).
+  """
+  return jnp.transpose(expert_ids_lbsk, (1, 2, 0, 3)).astype(route_dtype(num_experts))
+
+
+def replay_ids_of(routes_bslk):
+  """The inverse of `compact_routes`: int32 [L_moe, B, S, k] for `Decoder`'s `replay_ids`
+  (the sentinel `no_route` stays >= E: those tokens keep the router's own top-k)."""
+  return jnp.transpose(routes_bslk, (2, 0, 1, 3)).astype(jnp.int32)
+
+
 class Routing(NamedTuple):
   """What a MoE block decided for each token, for the balancing losses, metrics and replay.
 

@@ -108,7 +108,7 @@ class SamplerPrograms:
 
     def fn(state, tokens, mask):
       model = self._model(state)
-      logits, cache, _, _ = prefill_rows(model, tokens, mask, spec, fused_weights(model))
+      logits, cache, _, _, _ = prefill_rows(model, tokens, mask, spec, fused_weights(model))
       return logits, cache
     make = lambda r: jax.ShapeDtypeStruct((r, width), jnp.int32)  # noqa: E731
     return self._lower(fn, [self.params], [make, make], rows)

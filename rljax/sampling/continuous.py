@@ -35,11 +35,15 @@ from rljax.sampling.decode import (
   Decoded,
   check_prompts,
   data_shards,
+  decode_forward,
   decode_segments,
   fused_weights,
+  is_routed,
   is_stop,
   place_rows,
   prefill,
+  real_routes,
+  route_buffer,
   spec_and_scalars,
   split_for_sampling,
 )
@@ -70,6 +74,7 @@ class _Prefilled(NamedTuple):
   k: tuple                # per layer [1, K, Dh, W]
   v: tuple                # per layer [1, K, W, Dh]
   logits: jax.Array       # [1, V]
+  routes: jax.Array | None = None   # [1, W, L_moe, k] (MoE policies)
 
 
 def _prefill_row(model, tokens_rw, mask_rw, r, prompt_id, fused):
@@ -77,9 +82,9 @@ def _prefill_row(model, tokens_rw, mask_rw, r, prompt_id, fused):
   tokens = jax.lax.dynamic_index_in_dim(tokens_rw, r, keepdims=True)
   mask = jax.lax.dynamic_index_in_dim(mask_rw, r, keepdims=True)
   positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-  logits, cache = prefill(model, tokens, positions, model.init_cache(1, tokens.shape[1]),
-                           mask, fused)
-  return _Prefilled(jnp.asarray(prompt_id, jnp.int32), cache.k, cache.v, logits)
+  logits, cache, routes = prefill(model, tokens, positions,
+                                  model.init_cache(1, tokens.shape[1]), mask, fused)
+  return _Prefilled(jnp.asarray(prompt_id, jnp.int32), cache.k, cache.v, logits, routes)
 
 
 def _write_slot(cache: KVCache, buf: _Prefilled, s):
@@ -156,9 +161,17 @@ class _Machinery:
     """Writes column step_s of rows row_s where live_s (the others are dropped)."""
     row = jnp.where(live_s, row_s, self.requests)   # out of range: dropped
     put = lambda buf, x: buf.at[row, step_s].set(x.astype(buf.dtype), mode="drop")  # noqa: E731
-    return Decoded(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
-                    logp=put(out.logp, logp_s), logp_full=put(out.logp_full, logp_full_s),
-                    truncated=out.truncated.at[row].set(truncated_s, mode="drop"))
+    return out._replace(tokens=put(out.tokens, tok_s), mask=put(out.mask, jnp.ones_like(tok_s)),
+                        logp=put(out.logp, logp_s), logp_full=put(out.logp_full, logp_full_s),
+                        truncated=out.truncated.at[row].set(truncated_s, mode="drop"))
+
+  def record_routes(self, out, row_s, step_s, routes_slk, live_s):
+    """The routes [S, L_moe, k] of the tokens the slots fed (their column step_s - 1)."""
+    if out.routes is None:
+      return out
+    row = jnp.where(live_s, row_s, self.requests)   # out of range: dropped
+    return out._replace(routes=out.routes.at[row, self.width + step_s - 1].set(
+        routes_slk, mode="drop"))
 
   def empty(self, slots):
     """Free slots, no prefilled prompt, empty outputs: the queue loop's start."""
@@ -175,7 +188,8 @@ class _Machinery:
     r, t = self.requests, self.t_max
     out = Decoded(tokens=jnp.full((r, t), self.spec.pad_id, jnp.int32),
                    mask=jnp.zeros((r, t), jnp.int32), logp=jnp.zeros((r, t), jnp.float32),
-                   logp_full=jnp.zeros((r, t), jnp.float32), truncated=jnp.zeros((r,), bool))
+                   logp_full=jnp.zeros((r, t), jnp.float32), truncated=jnp.zeros((r,), bool),
+                   routes=route_buffer(self.model, r, self.width + t))
     return sl, buf, out
 
   def queue(self, slots):
@@ -222,6 +236,9 @@ class _Machinery:
     out = self.record(out, r[None], jnp.zeros((1,), jnp.int32), tok, logp, logp_full,
                       jnp.ones((1,), bool), ~stop)
     mask_w = jax.lax.dynamic_index_in_dim(self.mask_rw, r, keepdims=False)
+    if out.routes is not None:   # the prompt's routes
+      out = out._replace(routes=jax.lax.dynamic_update_slice(
+          out.routes, real_routes(buf.routes, mask_w[None]), (r, 0, 0, 0)))
     sl = _Slots(cache=_write_slot(sl.cache, buf, s),
                 request=sl.request.at[s].set(jnp.where(alive[0], r, -1)),
                 step=sl.step.at[s].set(1), token=sl.token.at[s].set(tok[0]),
@@ -237,13 +254,14 @@ class _Machinery:
     # ring column i holds the slot's token (i - birth) % T: valid while that is < step
     ring = jnp.mod(jnp.arange(t_max)[None, :] - sl.birth[:, None], t_max) < sl.step[:, None]
     kv_mask = jnp.concatenate([sl.prompt_mask, ring.astype(sl.prompt_mask.dtype)], axis=1)
-    logits, cache = self.model.forward_cached(
-        sl.token[:, None], positions=(sl.prompt_len + sl.step - 1)[:, None], cache=sl.cache,
-        start=self.width + jnp.mod(sl.clock, t_max), kv_mask=kv_mask, causal=False,
-        **self.fused)
-    tok, logp, logp_full = self.sample(logits[:, 0], sl.step, sl.request)
+    logits, cache, routes = decode_forward(
+        self.model, sl.token[:, None], positions=(sl.prompt_len + sl.step - 1)[:, None],
+        cache=sl.cache, start=self.width + jnp.mod(sl.clock, t_max), kv_mask=kv_mask,
+        causal=False, **self.fused)
+    tok, logp, logp_full = self.sample(logits, sl.step, sl.request)
     stop = is_stop(tok, self.spec.stop_tokens)
     out = self.record(out, sl.request, sl.step, tok, logp, logp_full, live, ~stop)
+    out = self.record_routes(out, sl.request, sl.step, routes, live)
     finished = stop | (sl.step + 1 >= t_max)
     sl = sl._replace(cache=cache, request=jnp.where(live & finished, -1, sl.request),
                      step=jnp.where(live, sl.step + 1, sl.step),
@@ -302,7 +320,7 @@ def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, streams_r2, nu
     return slot_loop(nnx.merge(graphdef, state), tokens, mask, prompt_id, streams, real,
                      rng, scalars_3, slots=slots // shards, **kwargs)
   state_spec = jax.tree.map(lambda _: P(), state)
-  out_spec = Decoded(*([rows] * 5))
+  out_spec = Decoded(*([rows] * 5), routes=rows if is_routed(nnx.merge(graphdef, state)) else None)
   return jax.shard_map(local, mesh=mesh,
                        in_specs=(state_spec, rows, rows, rows, rows, rows, P(), P(), P()),
                        out_specs=out_spec, check_vma=False)(
@@ -400,4 +418,5 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
       truncated=out.truncated,
       group_id=jnp.asarray(np.repeat(np.arange(b, dtype=np.int32), n)),
       prompt_tokens=jnp.asarray(np.repeat(tokens_bp, n, axis=0)),
-      prompt_mask=jnp.asarray(np.repeat(mask_bp, n, axis=0)))
+      prompt_mask=jnp.asarray(np.repeat(mask_bp, n, axis=0)),
+      routes=None if out.routes is None else out.routes[:, w - width:])

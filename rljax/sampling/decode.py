@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from rljax.models import positions_from_mask
+from rljax.models.moe import compact_routes, no_route, route_dtype
 from rljax.parallel import BATCH_AXES, state_shardings
 from rljax.sampling.filters import sample_tokens, stream_uniforms
 from rljax.sampling.params import SamplingParams
@@ -46,6 +47,9 @@ class Decoded(NamedTuple):
   logp: jax.Array
   logp_full: jax.Array
   truncated: jax.Array
+  # MoE policies: the experts of every fed token, [R, W + T, L_moe, k] compact ids
+  # (`rljax.models.moe.compact_routes`), `no_route` where none was recorded; None if dense
+  routes: jax.Array | None = None
 
 
 def spec_and_scalars(sampling: SamplingParams, pad_id: int, group: int = 1):
@@ -89,14 +93,49 @@ def is_stop(tokens_r, stop_tokens):
   return jnp.any(tokens_r[:, None] == jnp.asarray(stop_tokens, jnp.int32)[None, :], axis=-1)
 
 
+def is_routed(model) -> bool:
+  """Whether the sampler records `model`'s routes (a decoder with MoE layers)."""
+  return getattr(model, "num_moe_layers", 0) > 0
+
+
+def route_buffer(model, rows: int, columns: int):
+  """[rows, columns, L_moe, k] of `no_route` (None for a dense model): where routes go."""
+  if not is_routed(model):
+    return None
+  dtype = route_dtype(model.cfg.num_experts)
+  shape = (rows, columns, model.num_moe_layers, model.cfg.num_experts_per_tok)
+  return jnp.full(shape, no_route(dtype), dtype)
+
+
 def prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs, fused):
-  """Runs the prompt through the model; returns the last position's logits [R, V] and cache."""
+  """Runs the prompt through the model; returns the last position's logits [R, V], the
+  cache and the prompt's routes [R, P, L_moe, k] (None for a dense model)."""
   kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs, **fused)
+  if is_routed(model):
+    hidden_rpd, cache, routing = model.hidden_cached_routed(tokens_rp, **kwargs)
+    return (model.logits_from_hidden(hidden_rpd[:, -1]), cache,
+            compact_routes(routing.expert_ids, model.cfg.num_experts))
   if hasattr(model, "hidden_cached"):   # lm head on the last position only
     hidden_rpd, cache = model.hidden_cached(tokens_rp, **kwargs)
-    return model.logits_from_hidden(hidden_rpd[:, -1]), cache
+    return model.logits_from_hidden(hidden_rpd[:, -1]), cache, None
   logits_rpv, cache = model.forward_cached(tokens_rp, **kwargs)
-  return logits_rpv[:, -1], cache
+  return logits_rpv[:, -1], cache, None
+
+
+def real_routes(routes_rplk, mask_rp):
+  """The prompt's routes on its real tokens, `no_route` on its padding (whose outputs are
+  path-specific: the trainer keeps its own routing there)."""
+  return jnp.where(mask_rp[:, :, None, None] > 0, routes_rplk, no_route(routes_rplk.dtype))
+
+
+def decode_forward(model, tokens_r1, **kwargs):
+  """`forward_cached` of one new token per row: (logits [R, V], cache, routes [R, L_moe, k]
+  or None for a dense model)."""
+  if not is_routed(model):
+    logits, cache = model.forward_cached(tokens_r1, **kwargs)
+    return logits[:, 0], cache, None
+  logits, cache, routing = model.forward_cached_routed(tokens_r1, **kwargs)
+  return logits[:, 0], cache, compact_routes(routing.expert_ids, model.cfg.num_experts)[:, 0]
 
 
 def shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int):
@@ -106,9 +145,9 @@ def shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int
   r, p = tokens_rp.shape
   if group > 1 and r % group == 0:
     pick = lambda x: x[::group]  # noqa: E731
-    logits, cache = prefill(model, pick(tokens_rp), pick(positions_rp),
-                             model.init_cache(r // group, p), pick(kv_mask_rp), fused)
-    return jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), (logits, cache))
+    out = prefill(model, pick(tokens_rp), pick(positions_rp),
+                  model.init_cache(r // group, p), pick(kv_mask_rp), fused)
+    return jax.tree.map(lambda x: jnp.repeat(x, group, axis=0), out)
   return prefill(model, tokens_rp, positions_rp, model.init_cache(r, p), kv_mask_rp, fused)
 
 
@@ -126,7 +165,7 @@ def prefill_rows(model, tokens_rp, mask_rp, spec: DecodeSpec, fused):
     fused: `fused_weights(model)`.
   Returns:
     (last-position logits [R, V], KV cache of P slots, prompt lengths [R], the attention
-    mask of all P + T slots [R, P + T]).
+    mask of all P + T slots [R, P + T], the prompt's routes [R, P, L_moe, k] or None).
   """
   chex.assert_equal_shape((tokens_rp, mask_rp))
   r, p = tokens_rp.shape
@@ -134,9 +173,9 @@ def prefill_rows(model, tokens_rp, mask_rp, spec: DecodeSpec, fused):
   positions_rp = positions_from_mask(mask_rp)
   kv_mask_rs = jnp.concatenate([mask_rp, jnp.ones((r, spec.max_new_tokens), mask_rp.dtype)],
                                axis=1)
-  last_logits_rv, cache = shared_prefill(model, tokens_rp, positions_rp, kv_mask_rs[:, :p],
-                                          fused, spec.group)
-  return last_logits_rv, cache, prompt_len_r, kv_mask_rs
+  last_logits_rv, cache, routes = shared_prefill(model, tokens_rp, positions_rp,
+                                                 kv_mask_rs[:, :p], fused, spec.group)
+  return last_logits_rv, cache, prompt_len_r, kv_mask_rs, routes
 
 
 def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_limit=None):
@@ -152,15 +191,18 @@ def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_l
   r, p = tokens_rp.shape
   t_max = spec.max_new_tokens
   fused = fused_weights(model)
-  last_logits_rv, cache, prompt_len_r, kv_mask_rs = prefill_rows(model, tokens_rp, mask_rp,
-                                                                 spec, fused)
+  last_logits_rv, cache, prompt_len_r, kv_mask_rs, prompt_routes = prefill_rows(
+      model, tokens_rp, mask_rp, spec, fused)
   tok_r, logp_r, logp_full_r = step(0, last_logits_rv)
+  routes = route_buffer(model, r, p + t_max)
+  if routes is not None:
+    routes = routes.at[:, :p].set(real_routes(prompt_routes, mask_rp))
   out = Decoded(
       tokens=jnp.full((r, t_max), spec.pad_id, jnp.int32).at[:, 0].set(tok_r),
       mask=jnp.zeros((r, t_max), jnp.int32).at[:, 0].set(1),
       logp=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_r),
       logp_full=jnp.zeros((r, t_max), jnp.float32).at[:, 0].set(logp_full_r),
-      truncated=~is_stop(tok_r, spec.stop_tokens))
+      truncated=~is_stop(tok_r, spec.stop_tokens), routes=routes)
   carry = (jnp.int32(1), tok_r, cache, out)
   more = ((lambda c: True) if live_limit is None
           else (lambda c: jnp.sum(c[3].truncated) > live_limit))
@@ -198,10 +240,10 @@ def segment_ends(t_max: int, *, max_segments: int = 4, min_length: int = 16) -> 
 def decode_step(model, step, spec: DecodeSpec, prompt_len_r, p: int, kv_mask_rw, fused, carry):
   """One decode step: feed the last token, draw the next, write column t of the outputs."""
   t, tok_r, cache, out = carry
-  logits_r1v, cache = model.forward_cached(
-      tok_r[:, None], positions=(prompt_len_r + t - 1)[:, None], cache=cache,
+  logits_rv, cache, routes_rlk = decode_forward(
+      model, tok_r[:, None], positions=(prompt_len_r + t - 1)[:, None], cache=cache,
       start=p + t - 1, kv_mask=kv_mask_rw, **fused)
-  new_r, logp_r, logp_full_r = step(t, logits_r1v[:, 0])
+  new_r, logp_r, logp_full_r = step(t, logits_rv)
   alive_r = out.truncated
   new_r = jnp.where(alive_r, new_r, spec.pad_id)
   col = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[:, None].astype(buf.dtype), (0, t))
@@ -210,8 +252,19 @@ def decode_step(model, step, spec: DecodeSpec, prompt_len_r, p: int, kv_mask_rw,
       mask=col(out.mask, alive_r),
       logp=col(out.logp, jnp.where(alive_r, logp_r, 0.0)),
       logp_full=col(out.logp_full, jnp.where(alive_r, logp_full_r, 0.0)),
-      truncated=alive_r & ~is_stop(new_r, spec.stop_tokens))
+      truncated=alive_r & ~is_stop(new_r, spec.stop_tokens),
+      routes=record_fed(out.routes, routes_rlk, alive_r, p + t - 1))
   return t + 1, new_r, cache, out
+
+
+def record_fed(routes, routes_rlk, alive_r, column):
+  """`routes` [R, W + T, L_moe, k] with the fed token's routes [R, L_moe, k] at `column`
+  where the row is alive (None for a dense model)."""
+  if routes is None:
+    return None
+  keep = jax.lax.dynamic_index_in_dim(routes, column, axis=1, keepdims=False)
+  new = jnp.where(alive_r[:, None, None], routes_rlk, keep)
+  return jax.lax.dynamic_update_slice_in_dim(routes, new[:, None], column, axis=1)
 
 
 def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:

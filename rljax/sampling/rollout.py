@@ -25,6 +25,12 @@ class Rollout(NamedTuple):
     group_id: int32 [B*n]; index of the prompt the row was generated from.
     prompt_tokens: int32 [B*n, P], left-padded, repeated n times.
     prompt_mask: int32 [B*n, P], 1 on real prompt tokens.
+    routes: MoE policies only (None for a dense model): the experts every MoE layer used
+      for each token the sampler fed, [B*n, P + T, L_moe, k] in the compact dtype of
+      `rljax.models.moe.route_dtype(E)`: the prompt's columns, then the completion's (the
+      full sequence the trainer scores); `rljax.models.moe.no_route(dtype)` where no token
+      was fed (the last token, tokens after a stop). `replay_ids_of` turns it into the
+      decoder's `replay_ids`.
   """
 
   tokens: jax.Array
@@ -35,6 +41,7 @@ class Rollout(NamedTuple):
   group_id: jax.Array
   prompt_tokens: jax.Array
   prompt_mask: jax.Array
+  routes: jax.Array | None = None
 
   @property
   def lengths(self) -> jax.Array:

@@ -100,7 +100,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       tokens=out.tokens, mask=out.mask, logp=out.logp, logp_full=out.logp_full,
       truncated=out.truncated,
       group_id=jnp.asarray(np.repeat(np.arange(rows // n, dtype=np.int32), n)),
-      prompt_tokens=jnp.asarray(tokens_bp), prompt_mask=jnp.asarray(mask_bp))
+      prompt_tokens=jnp.asarray(tokens_bp), prompt_mask=jnp.asarray(mask_bp),
+      routes=None if out.routes is None else out.routes[:, w - width:])
 
 
 def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *,
@@ -122,7 +123,8 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
     streams: int32 [R, 2], each row's random stream, placed like the rows (default
       (r // n, r % n), as `generate`).
   Returns:
-    NamedTuple (tokens, mask, logp, logp_full, truncated) of all R rows, as in `Rollout`.
+    `Decoded` (tokens, mask, logp, logp_full, truncated; routes [R, W + T, L_moe, k] of a
+    MoE policy) of all R rows, as in `Rollout`.
   """
   graphdef, state = split_for_sampling(model, sampler_dtype)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)

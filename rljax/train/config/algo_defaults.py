@@ -90,6 +90,11 @@ def _algo_regularisers() -> dict:
       tis_cap=2.0,
       icepop_low=0.5,
       icepop_high=2.0,
+      # MoE policies: none | sampler (R3, arXiv:2510.11370: the old, reference and current
+      # forwards use the experts the sampler chose; the router's weights stay the trainer's)
+      routing_replay="none",
+      moe_aux_loss_coef=0.0,        # Switch load-balancing loss (arXiv:2101.03961), 0: off
+      moe_z_loss_coef=0.0,          # ST-MoE router z-loss (arXiv:2202.08906), 0: off
   )
 
 

@@ -12,6 +12,7 @@ from rljax.models.lora import TARGETS as LORA_TARGETS
 from rljax.models.presets import hf_config_dict
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.ops.policy_loss import POLICY_LOSSES
+from rljax.train.config.checks_moe import check_moe, check_sampler_dtype
 from rljax.train.config.checks_rollout import check_async, check_env
 from rljax.train.config.defaults import completion_columns
 
@@ -25,7 +26,8 @@ def check_combinations(errors, c):
   """Fields that are valid alone but not together (every feature's own checks)."""
   for check in (_check_advantages_and_rewards, _check_batch_split, _check_task, _check_data_source,
                 _check_rsft, _check_policy_loss_and_reference, _check_user_rewards, _check_lora,
-                check_env, _check_old_logp_from_update, check_async, _check_model_source):
+                check_env, _check_old_logp_from_update, check_async, _check_model_source,
+                check_moe, check_sampler_dtype):
     check(errors, c)
 
 

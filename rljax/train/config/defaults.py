@@ -105,6 +105,9 @@ def _model() -> ConfigDict:
       lora_rank=0,
       lora_alpha=32.0,
       lora_targets=["q", "k", "v", "o", "gate", "up", "down"],
+      # the tiny decoder's experts (rljax.models.moe): 0 = dense; E > 0: every moe_sparse_step-th
+      # layer sends each token to its top num_experts_per_tok of E experts (Qwen3-MoE's block)
+      num_experts=0, num_experts_per_tok=2, moe_intermediate_size=128, moe_sparse_step=1,
   ))
 
 

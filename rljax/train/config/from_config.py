@@ -71,7 +71,8 @@ def rollout_spec(config) -> RolloutSpec:
       eval_temperature=float(heldout["temperature"]), eval_passk_n=int(s.eval_passk_n),
       eval_passk_prompts=int(s.eval_passk_prompts), max_staleness=int(s.max_staleness),
       partial_rollouts=bool(s.partial_rollouts),
-      episodes=episode_spec(config), eval_size=int(heldout["size"]))
+      episodes=episode_spec(config), eval_size=int(heldout["size"]),
+      sampler_dtype=str(s.sampler_dtype))
 
 
 def shaping_spec(config) -> ShapingSpec:
@@ -135,7 +136,9 @@ def loss_spec(config, pack_groups: int = 0) -> LossSpec:
       pg_coef=float(a.pg_coef), temperature=float(config.sampling.temperature),
       old_logp_from_update=a.old_logp_source == "update",
       decoupled_cap=(float(a.decoupled_cap) or float("inf"))
-      if a.off_policy_correction == "decoupled" else None, pack_groups=int(pack_groups))
+      if a.off_policy_correction == "decoupled" else None, pack_groups=int(pack_groups),
+      routing_replay=a.routing_replay == "sampler",
+      moe_aux_loss_coef=float(a.moe_aux_loss_coef), moe_z_loss_coef=float(a.moe_z_loss_coef))
 
 
 def advantage_spec(config) -> AdvantageSpec:

@@ -71,6 +71,7 @@ class RolloutSpec:
   partial_rollouts: bool = False   # requests continue with each newer version (k + 1 segments)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
+  sampler_dtype: str = ""      # "" (the policy's) | bfloat16 | float32: the sampler's copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +201,9 @@ class LossSpec:
   old_logp_from_update: bool = False
   decoupled_cap: float | None = None   # AReaL's decoupled PPO when set (stale samples)
   pack_groups: int = 0         # packed forward: groups per micro-batch, 0 = padded layout
+  routing_replay: bool = False  # MoE: the current policy's forward uses the sampler's experts
+  moe_aux_loss_coef: float = 0.0   # Switch load-balancing loss (per MoE layer, summed)
+  moe_z_loss_coef: float = 0.0     # ST-MoE router z-loss (token mean, summed over layers)
 
 
 @dataclasses.dataclass(frozen=True)

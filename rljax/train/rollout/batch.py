@@ -77,6 +77,9 @@ class RolloutBatch:
   seconds: dict = dataclasses.field(default_factory=dict)   # generate_s, score_s
   # int [B]: the policy version that sampled each row ([B, T], each token: partial rollouts)
   versions: np.ndarray | None = None
+  # MoE policies: the sampler's experts of every token, [B, P + T, L_moe, k] compact ids
+  # (`rljax.sampling.Rollout.routes`; routing replay and the flip rate read them); None if dense
+  routes: Any = None
 
   @property
   def size(self) -> int:
@@ -93,10 +96,17 @@ class RolloutBatch:
       return np.ones(self.size, np.float32), np.ones(self.size, np.float32)
     return self.episodes.loss_rows(on_truncated)
 
+  def sequence_arrays(self) -> dict:
+    """The device arrays by name: `SEQUENCE_FIELDS`, and `routes` when recorded."""
+    out = {k: getattr(self, k) for k in SEQUENCE_FIELDS}
+    if self.routes is not None:
+      out["routes"] = self.routes
+    return out
+
   def rows(self) -> dict:
     """Every per-row field as a dict (`components` as `reward/<name>` keys): the form the
     dynamic-sampling buffer selects groups from."""
-    out = {k: getattr(self, k) for k in SEQUENCE_FIELDS + ROW_FIELDS}
+    out = {**self.sequence_arrays(), **{k: getattr(self, k) for k in ROW_FIELDS}}
     out.update({f"reward/{k}": v for k, v in self.components.items()})
     return out
 
@@ -105,5 +115,5 @@ class RolloutBatch:
     """The inverse of `rows()` (the groups the buffer kept, with their prompts)."""
     components = {k.removeprefix("reward/"): v for k, v in rows.items()
                   if k.startswith("reward/")}
-    return cls(prompts=prompts, components=components,
+    return cls(prompts=prompts, components=components, routes=rows.get("routes"),
                **{k: rows[k] for k in SEQUENCE_FIELDS + ROW_FIELDS})

@@ -34,6 +34,8 @@ class RolloutContext:
     sampling: the training rollout's `SamplingParams` (n samples per prompt, T columns).
     reward_fn: `rljax.rewards.base.Composite`, (prompts, texts) -> ComposedRewards.
     mesh: rows are split over its batch axes (None: one device).
+    sampler_dtype: "" (the policy's own) or e.g. "bfloat16": every rollout (training and
+      evaluation) samples with a copy of the policy cast to it (`sampling.sampler_dtype`).
   """
 
   task: object
@@ -43,6 +45,7 @@ class RolloutContext:
   reward_fn: object
   chat_template: bool = False
   mesh: object = None
+  sampler_dtype: str = ""
 
   def prompt_ids(self, prompt):
     """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""

@@ -137,7 +137,7 @@ class _EpisodeLoop:
     reset_bm, reset_len = ids_bucket(self.reset(), self.ctx.tokenizer.pad_id)
     prompt_tokens, prompt_mask = encode_prompts(self.ctx, self.prompts)
     sampler = TurnSampler(model, spec=spec, temperature=s.temperature, top_p=s.top_p,
-                          min_p=s.min_p)
+                          min_p=s.min_p, sampler_dtype=self.ctx.sampler_dtype or None)
     st = sampler.start(put(prompt_tokens), put(prompt_mask), put(reset_bm), put(reset_len), rng,
                        streams=put(self.streams))
     failed_at_reset = np.asarray([bool(e.status) for e in self.episodes])

@@ -62,7 +62,8 @@ class SingleTurn:
     Returns:
       dict of global `jax.Array`s with R rows split over the batch axes (`row_layout`; rows
       >= len(prompts)·n are padding): prompt_tokens, prompt_mask [R, P]; tokens, mask,
-      sampler_logp [R, T]; truncated [R].
+      sampler_logp [R, T]; truncated [R]; a MoE policy's routes [R, P + T, L_moe, k]
+      (`rljax.sampling.Rollout.routes`).
     """
     ctx = self.ctx
     sampling = sampling or ctx.sampling
@@ -80,16 +81,21 @@ class SingleTurn:
     # each row draws from (its prompt, its sample index): common random numbers across runs
     streams = put(row_streams(prompts, n, r)[local])
     generate = self._generator(r, b, streams)
+    routes = None   # partial rollouts record none (versions change mid-request)
     if isinstance(model, SegmentedPolicy):   # partial rollouts: versions change mid-request
       tokens_rt, mask_rt, logp_rt, truncated = sample_segments(
           generate, model, *rows_in, sampling=sampling, rng=rng)
     else:
       out = generate(model, *rows_in, sampling, rng, True)
       tokens_rt, mask_rt, logp_rt, truncated = out.tokens, out.mask, out.logp, out.truncated
+      if out.routes is not None:   # the sampler's prompt bucket -> the batch's P columns
+        routes = out.routes[:, out.routes.shape[1] - tokens_rt.shape[1] - p:]
     prompt_tokens, prompt_mask = map(put, pad(p, ctx.tokenizer.pad_id))
-    return jax.device_put({
-        "prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens_rt,
-        "mask": mask_rt, "sampler_logp": logp_rt, "truncated": truncated}, sharding)
+    rows = {"prompt_tokens": prompt_tokens, "prompt_mask": prompt_mask, "tokens": tokens_rt,
+            "mask": mask_rt, "sampler_logp": logp_rt, "truncated": truncated}
+    if routes is not None:
+      rows["routes"] = routes
+    return jax.device_put(rows, sharding)
 
   def _generator(self, rows: int, real_rows: int, streams):
     """`generate(model, tokens, mask, sampling, rng, grouped) -> Decoded` on `rows` placed
@@ -99,13 +105,14 @@ class SingleTurn:
 
     def generate(model, tokens, mask, sampling, rng, grouped):
       share = grouped and self.share_prefill
+      dtype = ctx.sampler_dtype or None
       if self.continuous:
         return continuous_rows(
             model, tokens, mask, sampling=sampling, rng=rng, num_rows=real_rows,
             slots=decode_slots(self.slots, rows, batch_shards(ctx.mesh)),
-            share_prefill=share, mesh=ctx.mesh, streams=streams)
+            share_prefill=share, mesh=ctx.mesh, streams=streams, sampler_dtype=dtype)
       return generate_rows(model, tokens, mask, sampling=sampling, rng=rng,
-                           share_prefill=share, streams=streams)
+                           share_prefill=share, streams=streams, sampler_dtype=dtype)
     return generate
 
   def score(self, prompts, rows, n) -> RolloutBatch:
@@ -136,7 +143,8 @@ class SingleTurn:
         lengths=host["lengths"], prompt_lengths=host.pop("prompt_lengths"),
         extent=host.pop("lengths"), accuracy=host["reward/accuracy"],
         format=host["reward/format"], group_id=np.repeat(np.arange(len(prompts), dtype=np.int32), n),
-        components={k.removeprefix("reward/"): v for k, v in host.items()})
+        components={k.removeprefix("reward/"): v for k, v in host.items()},
+        routes=rows.get("routes"))
 
   def sample_and_score(self, model, prompts, rng, *, sampling=None) -> RolloutBatch:
     """`score(sample(...))`: B = len(prompts) · sampling.n scored rows."""

@@ -139,7 +139,8 @@ def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
   reward_fn = components.task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len,
                        sampling=sampling, reward_fn=reward_fn,
-                       chat_template=bool(config.task.chat_template), mesh=mesh)
+                       chat_template=bool(config.task.chat_template), mesh=mesh,
+                       sampler_dtype=s.sampler_dtype)
   factory = load_env_factory(config.task.env) if config.task.env else None
   return make_rollouts(ctx, s, env_factory=factory)
 

@@ -164,7 +164,16 @@ def tiny_model_config(config, vocab_size) -> ModelConfig:
       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, rope_theta=m.rope_theta,
       max_position_embeddings=m.max_position_embeddings, tie_embeddings=m.tie_embeddings,
       dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, attention=m.attention,
-      scan_layers=m.scan_layers, arch="qwen2")
+      scan_layers=m.scan_layers, arch="qwen2", **tiny_moe_fields(m))
+
+
+def tiny_moe_fields(m) -> dict:
+  """The tiny decoder's mixture-of-experts fields ({} for a dense one)."""
+  if not m.get("num_experts", 0):
+    return {}
+  return dict(num_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok,
+              moe_intermediate_size=m.moe_intermediate_size, norm_topk_prob=True,
+              decoder_sparse_step=m.moe_sparse_step)
 
 
 def model_config(config, vocab_size) -> ModelConfig:

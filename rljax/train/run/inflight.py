@@ -36,7 +36,7 @@ def save_inflight(run_dir, step: int, inflight: InFlight) -> None:
   arrays, meta = {}, []
   for i, s in enumerate(inflight.batches):
     b = s.batch
-    host = parallel.gather({k: getattr(b, k) for k in SEQUENCE_FIELDS})
+    host = parallel.gather(b.sequence_arrays())
     arrays.update({f"{i}/{k}": np.asarray(v) for k, v in host.items()})
     arrays.update({f"{i}/{k}": np.asarray(getattr(b, k)) for k in ROW_FIELDS})
     arrays.update({f"{i}/reward/{k}": np.asarray(v) for k, v in b.components.items()})
@@ -84,7 +84,7 @@ def load_inflight(run: Run, run_dir, step: int, model) -> InFlight:
   for i, m in enumerate(json.loads(str(arrays.pop("meta")))):
     rows = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
     sharding, _ = row_layout(run.ctx, len(rows["scores"]))
-    for k in SEQUENCE_FIELDS:
+    for k in SEQUENCE_FIELDS + ("routes",) * ("routes" in rows):
       rows[k] = jax.device_put(rows[k], sharding)
     greedy, versions = rows.pop("greedy_scores", None), rows.pop("versions")
     batch = RolloutBatch.from_rows(rows, [prompts_of[pid] for pid in m["prompts"]])

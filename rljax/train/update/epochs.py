@@ -49,7 +49,8 @@ class Epochs:
 
   def minibatch(self, state, upd, index, *, iteration, epoch, m):
     """The update step's input for rows `index` of `upd`."""
-    keys = UPDATE_KEYS + (("sampler_logp",) if self.behaviour_logp else ())
+    keys = UPDATE_KEYS + (("sampler_logp",) if self.behaviour_logp else ()) + (
+        ("routes",) if "routes" in upd else ())   # routing replay
     minibatch = take_rows({k: upd[k] for k in keys}, jnp.asarray(index), self.rows_sharding)
     minibatch.update(self.fns.pack(upd, upd["tokens"].shape[1], upd["prompt_tokens"].shape[1],
                                    np.asarray(index)))

@@ -8,7 +8,7 @@ from flax import nnx
 
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import LossSpec
-from rljax.train.update import objective, packing
+from rljax.train.update import objective, packing, routing
 from rljax.train.update.step import split_micro
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
@@ -51,9 +51,10 @@ class ForwardFns:
   def __init__(self, loss: LossSpec, actor_graphdef, critic_graphdef, *, num_micro, mesh):
     temperature, pack_groups = loss.temperature, loss.pack_groups
 
-    def policy_forward(params, batch):
+    def policy_forward(params, batch):   # with routing replay: the sampler's experts
       return objective.policy_forward(nnx.merge(actor_graphdef, params), batch,
-                                      temperature=temperature, pack_groups=pack_groups)
+                                      temperature=temperature, pack_groups=pack_groups,
+                                      replay=loss.routing_replay)
 
     def value_forward(params, batch):
       return objective.value_forward(nnx.merge(critic_graphdef, params), batch)
@@ -66,6 +67,10 @@ class ForwardFns:
     self.values = jax.jit(in_micro_batches(value_forward, num_micro))
     # (log-probs, Σπ²) for the optimal token baseline; compiled only when that mode calls it
     self.policy_sum_sq = jax.jit(in_micro_batches(sum_sq_forward, num_micro))
+    # a MoE policy's rollout: log-probs with and without replay, the routing statistics
+    self.policy_routed = jax.jit(in_micro_batches(
+        lambda params, batch: routed_forward(nnx.merge(actor_graphdef, params), batch,
+                                             temperature=temperature), num_micro))
     self.pack_groups = num_micro * pack_groups   # packing layout groups per batch (0: padded)
     self.mesh = mesh
 
@@ -77,12 +82,33 @@ class ForwardFns:
                       index)
 
   def sequences(self, batch, lengths):
-    """The forwards' input: the four sequence arrays of `batch`, plus the packing layout
-    of its rows when the run packs (`lengths`: host prompt_lengths and lengths)."""
-    out = {k: batch[k] for k in SEQUENCE_KEYS}
+    """The forwards' input: the four sequence arrays of `batch` (and a MoE policy's
+    `routes`), plus the packing layout of its rows when the run packs (`lengths`: host
+    prompt_lengths and lengths)."""
+    out = {k: batch[k] for k in SEQUENCE_KEYS + ("routes",) * ("routes" in batch)}
     out.update(self.pack(lengths, out["tokens"].shape[1], out["prompt_tokens"].shape[1]))
     return out
 
   def compile_count(self):
     return (self.policy_stats._cache_size() + self.values._cache_size()
-            + self.policy_sum_sq._cache_size())
+            + self.policy_sum_sq._cache_size() + self.policy_routed._cache_size())
+
+
+def routed_forward(model, batch, *, temperature):
+  """A MoE policy on a rollout with the sampler's `routes`: both forwards, own routing and
+  replayed (`rljax.train.update.routing`).
+
+  Returns:
+    {"own": (logp, entropy) [B, T] with the trainer's own routing, "replay": the same with
+     the sampler's experts, "stats": `routing.routing_row_stats` of the own forward}.
+  """
+  tokens, positions, attention = objective.full_sequence(batch)
+  prompt_len = batch["prompt_tokens"].shape[1]
+  logp, entropy, own = routing.routed_logprobs(model, tokens, positions, attention,
+                                               prompt_len=prompt_len, temperature=temperature)
+  replayed = routing.routed_logprobs(model, tokens, positions, attention, prompt_len=prompt_len,
+                                     temperature=temperature,
+                                     replay_ids=routing.replay_ids(batch, True))
+  stats = routing.routing_row_stats(own, batch["routes"], routing.token_mask(batch),
+                                    model.cfg.num_experts)
+  return {"own": (logp, entropy), "replay": replayed[:2], "stats": stats}

@@ -24,7 +24,7 @@ from rljax.ops.off_policy import decoupled_ppo_loss
 from rljax.ops.policy_loss import apply_policy_loss
 from rljax.ops.policy_loss_common import clip_by_probability_bt
 from rljax.train.config.specs import LossSpec
-from rljax.train.update import packing
+from rljax.train.update import packing, routing
 
 
 def full_sequence(batch):
@@ -39,14 +39,21 @@ def full_sequence(batch):
   return tokens, positions, attention
 
 
-def policy_forward(model, batch, *, temperature, pack_groups: int = 0):
+def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: bool = False):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
 
   With `pack_groups` > 0 and a `rljax.train.update.packing` layout in the batch (`pack_*` keys,
   `pack_groups` groups) the transformer runs on the packed rows, the lm head and the
   log-softmax on the gathered completion positions, with the same values as padded.
+  With `replay` and the sampler's `routes` in the batch (a MoE policy), every MoE layer uses
+  the sampler's experts (`rljax.train.update.routing`; padded layout).
   """
   tokens, positions, attention = full_sequence(batch)
+  replay_ids = routing.replay_ids(batch, replay)
+  if replay_ids is not None:
+    return routing.routed_logprobs(model, tokens, positions, attention,
+                                   prompt_len=batch["prompt_tokens"].shape[1],
+                                   temperature=temperature, replay_ids=replay_ids)[:2]
   if not pack_groups or "pack_src" not in batch:   # no layout: the padded computation
     return token_logprobs_and_entropy(
         model, tokens, positions, attention,
@@ -121,8 +128,7 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     `metrics[TOKEN_OUTPUTS]`, this micro-batch's old log-probs and entropies [b, T].
   """
   mask = batch["mask"].astype(jnp.float32)
-  logp, entropy = policy_forward(actor, batch, temperature=spec.temperature,
-                                 pack_groups=spec.pack_groups)
+  logp, entropy, routed = current_policy(spec, actor, batch)
   if spec.old_logp_from_update:
     # One update per rollout: the policy before this step is the one that is being
     # differentiated, so π_old = sg(π_θ) exactly (ratio 1, same gradient as recomputing).
@@ -140,6 +146,8 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
   }
   by_prob = clip_by_probability_bt(batch["old_logp"], diag.clip_low_bt, diag.clip_high_bt, mask)
   metrics.update({k: tok(v) for k, v in by_prob.items()})
+  if routed is not None:
+    loss = loss + moe_balancing(spec, routed, batch, mask, denom, metrics)
   if spec.entropy_coef:
     ent = _sum(entropy, mask, spec.loss_agg, spec) / denom["policy"]
     loss = loss - spec.entropy_coef * ent
@@ -166,6 +174,29 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     metrics[TOKEN_OUTPUTS] = {"old_logp": batch["old_logp"],
                               "entropy": jax.lax.stop_gradient(entropy)}
   return loss, metrics
+
+
+def current_policy(spec: LossSpec, actor, batch):
+  """(log-probs [b,T], entropies [b,T], the MoE layers' `Routing` when the loss has
+  load-balancing terms, else None) of the policy being differentiated."""
+  if not (spec.moe_aux_loss_coef or spec.moe_z_loss_coef):
+    return policy_forward(actor, batch, temperature=spec.temperature,
+                          pack_groups=spec.pack_groups, replay=spec.routing_replay) + (None,)
+  tokens, positions, attention = full_sequence(batch)   # padded layout
+  return routing.routed_logprobs(actor, tokens, positions, attention,
+                                 prompt_len=batch["prompt_tokens"].shape[1],
+                                 temperature=spec.temperature,
+                                 replay_ids=routing.replay_ids(batch, spec.routing_replay))
+
+
+def moe_balancing(spec: LossSpec, routed, batch, mask, denom, metrics):
+  """The load-balancing terms of one micro-batch (`routing.balancing_terms`), weighted by
+  its share of the minibatch's completion tokens (they are batch means, not token sums);
+  their values go to `metrics` as `moe_aux_loss` and `moe_z_loss`."""
+  aux, z = routing.balancing_terms(routed, routing.token_mask(batch))
+  share = jnp.sum(mask) / denom["tokens"]
+  metrics["moe_aux_loss"], metrics["moe_z_loss"] = aux * jnp.sum(mask), z * jnp.sum(mask)
+  return share * (spec.moe_aux_loss_coef * aux + spec.moe_z_loss_coef * z)
 
 
 def sft_nll(model, demo):

@@ -16,9 +16,9 @@ from rljax.ops.off_policy import staleness_metrics
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
-from rljax.train.rollout.batch import SEQUENCE_FIELDS, RolloutBatch
+from rljax.train.rollout.batch import RolloutBatch
 from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
-from rljax.train.update import batch_metrics
+from rljax.train.update import batch_metrics, routing
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
 from rljax.train.update.distill import Distiller, distill_metrics
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
@@ -119,11 +119,18 @@ class Preparer:
     return cls(specs=specs, fns=fns, params=params, mesh=mesh, reward_names=names,
                distiller=distiller)
 
-  def policy_outputs(self, state, sequences, sampler_logp):
-    """(old log-probs, entropies, reference log-probs, values) of the batch's tokens."""
+  def policy_outputs(self, state, sequences, sampler_logp, mask):
+    """(old log-probs, entropies, reference log-probs, values) of the batch's tokens, and
+    a MoE rollout's routing metrics (`routing.routing_metrics`; {} otherwise)."""
     source = self.specs.sources.old_logp_source
+    routed = {}
     if source == "update":   # filled in by the update step's own forward pass
       old_logp = entropy = jnp.zeros_like(sampler_logp)
+    elif "routes" in sequences:   # both routings: the run's old log-probs and the metrics
+      out = self.fns.policy_routed(policy_params(state), sequences)
+      old_logp, entropy = out["replay" if self.specs.loss.routing_replay else "own"]
+      routed = routing.routing_metrics(out["stats"], out["replay"][0], out["own"][0],
+                                       sampler_logp, mask)
     else:
       old_logp, entropy = self.fns.policy_stats(policy_params(state), sequences)
     if source == "sampler":
@@ -132,7 +139,7 @@ class Preparer:
     ref_logp = old_logp if ref is None else self.fns.policy_stats(ref, sequences)[0]
     values = (self.fns.values(state.critic, sequences) if state.critic is not None
               else jnp.zeros_like(old_logp))
-    return old_logp, entropy, ref_logp, values
+    return old_logp, entropy, ref_logp, values, routed
 
   def reward_components(self, batch: RolloutBatch, shaped_scores):
     """[B, K] unweighted reward components in `gdpo_terms` order; the last one is what
@@ -172,16 +179,18 @@ class Preparer:
     rows = batch_sharding(self.mesh)
     # The rollout's arrays on the trainer's rows: global arrays already there stay; host rows
     # (dynamic sampling) and the sampler's own devices' rows are placed here.
-    batch = dataclasses.replace(batch, **parallel.move(
-        {k: getattr(batch, k) for k in SEQUENCE_FIELDS}, rows))
+    batch = dataclasses.replace(batch, **parallel.move(batch.sequence_arrays(), rows))
     seq = {k: getattr(batch, k) for k in SEQUENCE_KEYS}
+    if batch.routes is not None:   # a MoE policy's sampled experts
+      seq["routes"] = batch.routes
     # completion extent (multi-turn: sampled and observation tokens) for the packing layout
     lengths = {"prompt_lengths": np.asarray(batch.prompt_lengths),
                "lengths": np.asarray(batch.extent)}
     sequences = self.fns.sequences(seq, lengths)
     sampler_logp = batch.sampler_logp
     mask = seq["mask"].astype(jnp.float32)
-    old_logp, entropy, ref_logp, values = self.policy_outputs(state, sequences, sampler_logp)
+    old_logp, entropy, ref_logp, values, routed = self.policy_outputs(state, sequences,
+                                                                      sampler_logp, mask)
     scores, moments = shape_scores(specs.shaping, batch, moments)
     keep_loss, valid = batch.loss_rows(self._on_truncated())
     inputs = dict(seq, old_logp=old_logp, ref_logp=ref_logp, values=values, scores=scores,
@@ -206,7 +215,10 @@ class Preparer:
     for key in ("reward_components", "teacher_logp"):
       if key in inputs:
         upd[key] = inputs[key]
+    if specs.loss.routing_replay:   # the update's forward replays them too
+      upd["routes"] = batch.routes
     metrics = self.metrics(state, batch, upd, scores, mask, values)
+    metrics.update(routed)
     if self.specs.rollout.max_staleness:
       metrics.update(staleness(upd, iteration - batch.versions, self.specs.rollout.max_staleness))
     if specs.weights.pf_ppo != "none":
