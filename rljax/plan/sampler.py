@@ -90,8 +90,8 @@ class SamplerPrograms:
     row_args = [sharded(m(rows), jax.tree.map(lambda p: NamedSharding(self.mesh, p), s))
                 for m, s in zip(row_makes, row_specs)]
     args = (*whole, *row_args)
-    if not self.per_shard:
-      return jax.jit(fn, donate_argnums=donate).lower(*args), args
+    if not self.per_shard:   # the static sampler: traced under its mesh, as it runs
+      return jax.jit(parallel.traced_on(self.mesh, fn), donate_argnums=donate).lower(*args), args
     out_specs = _row_specs(lambda r: jax.eval_shape(fn, *whole, *[m(r) for m in row_makes]),
                            self._local(rows), self.axes)
     mapped = jax.shard_map(fn, mesh=self.mesh, out_specs=out_specs, check_vma=False,

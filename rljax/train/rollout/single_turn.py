@@ -105,7 +105,7 @@ class SingleTurn:
             slots=decode_slots(self.slots, rows, batch_shards(ctx.mesh)),
             share_prefill=share, mesh=ctx.mesh, streams=streams)
       return generate_rows(model, tokens, mask, sampling=sampling, rng=rng,
-                           share_prefill=share, streams=streams)
+                           share_prefill=share, streams=streams, mesh=ctx.mesh)
     return generate
 
   def score(self, prompts, rows, n) -> RolloutBatch:
