@@ -30,6 +30,10 @@ where not reported); `error` why the compile failed (e.g. a TPU program larger t
 chips' HBM), else null.
 Note: XLA's cost analysis counts a loop's body once, so a scanned program's `flops` are
 about one layer's, not L layers'.
+Each (case, rep) with both layouts then prints RESULT {"metric": "compile_s_per_layer_over_scanned",
+"shape", "layers", "platform", "rep", "rljax": the scanned compile's seconds, "peer": the
+per-layer one's, "ratio": peer / rljax} (null when either compile failed); the per-compile
+lines carry "rljax": their own compile seconds, "peer" and "ratio" null.
 `--reduced` runs tiny shapes for the CI smoke test (tests/test_benchmarks_compile_depth.py).
 """
 
@@ -199,13 +203,23 @@ def main(argv=None):
     compile_once(model_config("reduced", 1, True), 8, mesh)   # untimed: one-time start-up
     for shape, layers in args.cases:
       for rep in range(args.reps):
+        seconds = {}
         for layout in args.layouts:   # alternating, so a load change hits both layouts
           cfg = model_config(shape, layers, LAYOUTS[layout])
           row = {"metric": "compile_s", "shape": shape, "layers": layers,
                  "scan_layers": LAYOUTS[layout], "platform": platform,
                  "devices": 1 if mesh is None else mesh.size, "seq": args.seq, "rep": rep,
                  **compile_once(cfg, args.seq, mesh), "load": round(os.getloadavg()[0], 1)}
-          print("RESULT " + json.dumps(row), flush=True)
+          seconds[layout] = None if row["error"] else row["compile_s"]
+          print("RESULT " + json.dumps({**row, "rljax": row["compile_s"], "peer": None,
+                                        "ratio": None}), flush=True)
+        if len(seconds) == 2:
+          scanned, per_layer = seconds["scanned"], seconds["per_layer"]
+          ratio = per_layer / scanned if scanned and per_layer else None
+          print("RESULT " + json.dumps({
+              "metric": "compile_s_per_layer_over_scanned", "shape": shape, "layers": layers,
+              "platform": platform, "rep": rep, "rljax": scanned, "peer": per_layer,
+              "ratio": ratio}), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,31 +2,33 @@
 with the documented fields (compile seconds are printed, never bounded here)."""
 
 import json
-import os
-import pathlib
-import subprocess
 import sys
 
 import pytest
+from bench_runs import BENCH, run_bench
 
-BENCH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import compile_depth  # noqa: E402
 
 FIELDS = {"metric", "shape", "layers", "scan_layers", "platform", "devices", "seq", "rep", "lower_s",
-          "compile_s", "total_s", "flops", "temp_bytes", "error", "load"}
+          "compile_s", "total_s", "flops", "temp_bytes", "error", "load", "rljax", "peer", "ratio"}
 
 
 def test_reduced_run_prints_one_result_per_compile():
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(BENCH.parent), os.environ.get("PYTHONPATH", "")]))
-  out = subprocess.run(
-      [sys.executable, str(BENCH / "compile_depth.py"), "--reduced", "--cases",
-       "reduced:1,reduced:2", "--seq", "8", "--topology", "v5p:2x2x1"],
-      capture_output=True, text=True, env=env, timeout=900, check=True).stdout
+  out = run_bench("compile_depth.py", "--reduced", "--cases", "reduced:1,reduced:2", "--seq",
+                  "8", "--topology", "v5p:2x2x1")["_stdout"]
   rows = [json.loads(line[len("RESULT "):]) for line in out.splitlines()
           if line.startswith("RESULT ")]
+  pairs = [r for r in rows if r["metric"] == "compile_s_per_layer_over_scanned"]
+  rows = [r for r in rows if r["metric"] == "compile_s"]
+  for pair in pairs:   # each pair's ratio is its two compiles' quotient
+    scanned, per_layer = (next(r["compile_s"] for r in rows if r["platform"] == pair["platform"]
+                               and r["layers"] == pair["layers"] and r["scan_layers"] == scan)
+                          for scan in (True, False))
+    assert (pair["rljax"], pair["peer"]) == (scanned, per_layer)
+    assert pair["ratio"] == pytest.approx(per_layer / scanned)
+  assert len(pairs) == len(rows) // 2
   tpu = [r for r in rows if r["platform"] != "cpu"]
   assert tpu or "skipped, no TPU compiler" in out   # AOT for TPU only with libtpu
   cpu = [r for r in rows if r["platform"] == "cpu"]
@@ -35,6 +37,7 @@ def test_reduced_run_prints_one_result_per_compile():
   for row in rows:
     assert set(row) == FIELDS, row
     assert row["metric"] == "compile_s" and row["shape"] == "reduced" and row["seq"] == 8
+    assert row["rljax"] == row["compile_s"] and row["peer"] is None
     assert row["lower_s"] >= 0 and row["compile_s"] > 0 and row["total_s"] >= row["compile_s"]
     assert row["devices"] == (1 if row["platform"] == "cpu" else 4)
     assert row["error"] is None and row["temp_bytes"] > 0

@@ -195,3 +195,13 @@ def test_moe_dispatch():
   assert sum(r["collectives"]["unsharded"].values()) == 0
   assert r["collectives"]["all_to_all"]["all-to-all"] > 0
   assert r["collectives"]["all_gather"]["all-gather"] > 0
+
+
+def test_scan_layers_decode():
+  """Both layouts generate the reduced workload; the ratio is the median of per-round
+  ratios, so it lies within the spread of single-round quotients, not necessarily equal to
+  the quotient of the medians."""
+  r = run_bench("scan_layers_decode.py", "--reduced")["decode_scanned_over_per_layer"]
+  assert (r["reduced"], r["batch"], r["devices"], r["reps"]) == (True, 4, 1, 3)
+  assert r["rljax"] > 0 and r["peer"] > 0 and r["ratio"] > 0
+  assert r["scanned_ms"] == pytest.approx(1e3 * r["rljax"], abs=0.06)

@@ -136,6 +136,12 @@ def test_route_hand_worked():
   np.testing.assert_array_equal(ids, [[2, 0]])
   np.testing.assert_array_equal(own, [[1, 3]])
   np.testing.assert_allclose(w, [[0.6, 0.4]], rtol=1e-6)   # 0.15, 0.1 renormalised
+  # a token without a recorded route (an id >= E: the sampler's sentinel) keeps its own
+  two = jnp.concatenate([logits, logits])
+  w, ids, own = route(two, k=2, norm_topk_prob=True,
+                      replay_ids=jnp.array([[2, 0], [255, 255]], jnp.uint8))
+  np.testing.assert_array_equal(ids, [[2, 0], [1, 3]])
+  np.testing.assert_allclose(w, [[0.6, 0.4], [2 / 3, 1 / 3]], rtol=1e-6)
 
 
 def test_replay_of_own_ids_changes_nothing():

@@ -1,94 +1,21 @@
-"""Decoder-only transformer (Llama / Qwen2 / Qwen3) in Flax NNX, with an explicit KV cache:
-the pre-norm block (`DecoderLayer`) and the stack (`Decoder`)."""
+"""Decoder-only transformer (Llama / Qwen2 / Qwen3, and Qwen3-MoE / Qwen2-MoE) in Flax NNX,
+with an explicit KV cache: the stack (`Decoder`) of pre-norm blocks (`rljax.models.block`)."""
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rljax.models.attention import Attention, write_cache
 from rljax.models.attention_kernels import AttentionMask
+from rljax.models.block import DecoderLayer, KVCache
 from rljax.models.config import ModelConfig
-from rljax.models.layers import MLP, RMSNorm, param, rope_cos_sin
+from rljax.models.layers import RMSNorm, param, rope_cos_sin
+from rljax.models.moe import Routing
 from rljax.models.stack import LayerStack, call_layer
 
-
-class KVCache(NamedTuple):
-  """Keys and values per layer in the compute dtype: k[l] [B,K,Dh,S_max], v[l] [B,K,S_max,Dh].
-
-  Note: a tuple of L per-layer arrays, heads before time, rather than one stacked
-  [L,B,S_max,K,Dh] array: slicing a layer out of a stacked array (and transposing it
-  for the attention dots) copied the whole cache on every decode step; per-layer arrays
-  are read in place and written with `dynamic_update_slice` (measured 1.2-2x faster
-  decode at S_max 128-512 on CPU). Keys are stored transposed so that a decode step's
-  q kᵀ is a plain matmul over contiguous slots (`attention._one_query_attention`).
-  A scanned decoder (`ModelConfig.scan_layers`) keeps this cache and loops over its
-  layers when decoding: a scan over the layers carrying one stacked cache decoded 1.2x
-  (batch 64) to 1.7x (batch 8) slower (docs/performance.md, "Scanned layers").
-  """
-
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
-
-  @property
-  def max_len(self) -> int:
-    """S_max, the number of slots."""
-    return self.v[0].shape[2]
-
-  def grow(self, max_len: int) -> KVCache:
-    """The same cache with zero slots appended up to `max_len` (one copy per array)."""
-    extra = max_len - self.max_len
-    if extra < 0:
-      raise ValueError(f"cannot shrink a KV cache from {self.max_len} to {max_len} slots")
-    pad_k = lambda k: jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, extra)))
-    pad_v = lambda v: jnp.pad(v, ((0, 0), (0, 0), (0, extra), (0, 0)))
-    return KVCache(tuple(map(pad_k, self.k)), tuple(map(pad_v, self.v)))
-
-
-class DecoderLayer(nnx.Module):
-  """Pre-norm block: x + Attn(norm(x)), then x + MLP(norm(x))."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    pd = cfg.weight_dtype
-    self.attn_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
-    self.attn = Attention(cfg, rngs=rngs)
-    self.mlp_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
-    self.mlp = MLP(cfg, rngs=rngs)
-
-  def __call__(self, x_bsd, cos, sin, mask_bst: AttentionMask):
-    """Full (uncached) block over S tokens; `mask_bst` the [B,S,S] mask as per-token vectors
-    (`AttentionMask.full`)."""
-    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin)
-    x_bsd = x_bsd + self.attn.attend_full(q, k, v, mask_bst)
-    return x_bsd + self.mlp(self.mlp_norm(x_bsd))
-
-  def fused_weights(self):
-    """(fused q|k|v weight, its bias or None, fused gate|up weight), for `cached`."""
-    return (*self.attn.fused_qkv(), self.mlp.fused_gate_up())
-
-  def cached(self, x_bsd, cos, sin, mask_bst, k_bkdt, v_bkte, start, fused=None):
-    """Block over S new tokens that writes their K/V into slots [start, start+S) (`start`
-    a scalar, or int [B] for a different first slot per row).
-
-    Args:
-      k_bkdt, v_bkte: this layer's cache, keys [B,K,Dh,S_max], values [B,K,S_max,Dh].
-      mask_bst: the [B,S,S_max] mask as per-token vectors (`AttentionMask.cached`).
-      fused: optional `fused_weights()`, computed once outside a decode loop.
-    Returns:
-      (x [B,S,D], k_bkdt, v_bkte) with the new slots written.
-    """
-    q, k, v = self.attn.qkv(self.attn_norm(x_bsd), cos, sin,
-                            fused=None if fused is None else fused[:2])
-    k_bkdt, v_bkte = write_cache(k_bkdt, v_bkte, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2),
-                                 start)
-    x_bsd = x_bsd + self.attn.attend(q, k_bkdt, v_bkte, mask_bst, new_kv=(k, v)).astype(
-        x_bsd.dtype)
-    gate_up = None if fused is None else fused[2]
-    return x_bsd + self.mlp(self.mlp_norm(x_bsd), gate_up), k_bkdt, v_bkte
+__all__ = ["Decoder", "DecoderLayer", "KVCache", "positions_from_mask"]
 
 
 def positions_from_mask(attention_mask_bs):
@@ -112,29 +39,49 @@ class Decoder(nnx.Module):
   Touvron et al. 2023, "LLaMA: Open and Efficient Foundation Language Models",
   arXiv:2302.13971 (Sec. 2.2: pre-normalisation with RMSNorm, SwiGLU, RoPE); the Qwen2
   (arXiv:2407.10671) and Qwen3 (arXiv:2505.09388) variants add q/k/v biases and q/k
-  RMSNorm respectively.
+  RMSNorm respectively; layer i has a mixture-of-experts MLP when `cfg.is_moe_layer(i)`
+  (Qwen3-MoE / Qwen2-MoE, `rljax.models.moe`).
 
   Attention always takes explicit `positions` and an `attention_mask`, so left-padded
   batches give the same outputs on their real tokens as unpadded ones.
 
-  `layers` is the list of blocks: with `cfg.scan_layers` one `LayerStack` of the L blocks
-  (run as one scan over stacked parameters, `rljax.models.stack`), else L `DecoderLayer`s.
-  Both are initialised with the same values (the stack stacks L freshly built blocks, so
-  building one with random weights holds both copies for a moment; `load_hf` builds it
-  abstractly).
+  `layers` is the list of blocks: with `cfg.scan_layers` one `LayerStack` per run of
+  identical consecutive blocks (dense or MoE; a dense model has one; each run is one scan
+  over stacked parameters, `rljax.models.stack`), else L `DecoderLayer`s. Both are
+  initialised with the same values (a stack stacks freshly built blocks, so building one
+  with random weights holds both copies for a moment; `load_hf` builds it abstractly).
+
+  Routing (MoE layers): `routed`, `hidden_states_routed` and the `*_cached_routed` forwards
+  also return the routing of every MoE layer, a `rljax.models.moe.Routing` whose arrays
+  have a leading axis of the L_moe MoE layers in order ([L_moe, B, S, k] ids); `replay_ids`
+  [L_moe, B, S, k] makes the full forwards use those experts (routing replay).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = cfg.weight_dtype
     self.embed = param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-    blocks = [DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)]
-    self.layers = nnx.List([LayerStack(blocks)] if cfg.scan_layers else blocks)
+    blocks = [DecoderLayer(cfg, rngs=rngs, moe=cfg.is_moe_layer(i))
+              for i in range(cfg.num_layers)]
+    if cfg.scan_layers:
+      runs = []
+      for block in blocks:   # runs of identical consecutive blocks, one stack each
+        if runs and runs[-1][-1].moe == block.moe:
+          runs[-1].append(block)
+        else:
+          runs.append([block])
+      blocks = [LayerStack(run) for run in runs]
+    self.layers = nnx.List(blocks)
     self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, rngs=rngs, param_dtype=pd)
     if not cfg.tie_embeddings:
       self.lm_head = param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
 
-  def __call__(self, tokens_bs, *, positions=None, attention_mask=None):
+  @property
+  def num_moe_layers(self) -> int:
+    """L_moe, the layers with a mixture-of-experts MLP (0 for a dense model)."""
+    return sum(self.cfg.is_moe_layer(i) for i in range(self.cfg.num_layers))
+
+  def __call__(self, tokens_bs, *, positions=None, attention_mask=None, replay_ids=None):
     """Full forward without cache.
 
     Args:
@@ -142,11 +89,20 @@ class Decoder(nnx.Module):
       positions: int [B,S] (RoPE positions; for left padding, count real tokens only).
         Default: cumsum(attention_mask) - 1, clipped at 0.
       attention_mask: [B,S], 1 = real token, 0 = padding. Default: all ones.
+      replay_ids: optional int [L_moe,B,S,k], the experts each MoE layer uses (routing
+        replay, `rljax.models.moe.route`; ids >= E: the router's own choice).
     Returns:
       logits, float32 [B,S,V].
     """
-    hidden = self.hidden_states(tokens_bs, positions=positions, attention_mask=attention_mask)
-    return self.logits_from_hidden(hidden)
+    return self.routed(tokens_bs, positions=positions, attention_mask=attention_mask,
+                       replay_ids=replay_ids)[0]
+
+  def routed(self, tokens_bs, *, positions=None, attention_mask=None, replay_ids=None):
+    """`__call__` that also returns the MoE layers' routing: (logits float32 [B,S,V],
+    `Routing` [L_moe, ...] or None for a dense model)."""
+    hidden, routing = self.hidden_states_routed(
+        tokens_bs, positions=positions, attention_mask=attention_mask, replay_ids=replay_ids)
+    return self.logits_from_hidden(hidden), routing
 
   def embed_tokens(self, tokens_bs):
     """Token embeddings [B,S,D] in the compute dtype.
@@ -157,26 +113,49 @@ class Decoder(nnx.Module):
     return jnp.take(self.embed[...], tokens_bs, axis=0, mode="clip").astype(
         self.cfg.compute_dtype)
 
-  def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None, segment_ids=None):
+  def hidden_states(self, tokens_bs, *, positions=None, attention_mask=None, segment_ids=None,
+                    replay_ids=None):
     """Final-normed hidden states [B,S,D] (compute dtype); same arguments as `__call__`.
 
     `segment_ids` [B,S] (optional): packed rows holding several sequences; a query attends
     only keys of its own segment (positions should then restart per segment).
     """
+    return self.hidden_states_routed(tokens_bs, positions=positions,
+                                     attention_mask=attention_mask, segment_ids=segment_ids,
+                                     replay_ids=replay_ids)[0]
+
+  def hidden_states_routed(self, tokens_bs, *, positions=None, attention_mask=None,
+                           segment_ids=None, replay_ids=None):
+    """`hidden_states` and the MoE layers' `Routing` [L_moe, ...] (None for a dense model)."""
     chex.assert_rank(tokens_bs, 2)
     if attention_mask is None:
       attention_mask = jnp.ones(tokens_bs.shape, jnp.int32)
     if positions is None:
       positions = positions_from_mask(attention_mask)
     chex.assert_equal_shape([tokens_bs, positions, attention_mask])
+    if replay_ids is not None:
+      chex.assert_shape(replay_ids, (self.num_moe_layers, *tokens_bs.shape,
+                                     self.cfg.num_experts_per_tok))
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
     if segment_ids is not None:
       chex.assert_equal_shape([tokens_bs, segment_ids])
     mask_bst = AttentionMask.full(attention_mask, segment_ids)  # [B,S,S], as [B,S] vectors
+    routings, first = [], 0
     for block in self.layers:   # a DecoderLayer or a LayerStack (one scan)
-      x = call_layer(block, x, cos, sin, mask_bst, remat=self.cfg.remat)
-    return self.final_norm(x)
+      stacked = isinstance(block, LayerStack)
+      moe = (block.layer if stacked else block).moe
+      xs = None
+      if moe and replay_ids is not None:
+        xs = replay_ids[first:first + block.count] if stacked else replay_ids[first]
+      out = call_layer(block, x, cos, sin, mask_bst, remat=self.cfg.remat, xs=xs)
+      if moe:
+        x, routing = out
+        routings.append(routing if stacked else jax.tree.map(lambda a: a[None], routing))
+        first += block.count if stacked else 1
+      else:
+        x = out
+    return self.final_norm(x), _concat_layers(routings)
 
   def layer_list(self) -> list[DecoderLayer]:
     """The L blocks in order as modules: a stack's layers as slices of its parameters."""
@@ -233,6 +212,13 @@ class Decoder(nnx.Module):
 
     Useful for prefill, where only the last position needs the lm head.
     """
+    return self.hidden_cached_routed(tokens_bs, positions=positions, cache=cache, start=start,
+                                     kv_mask=kv_mask, fused=fused, causal=causal)[:2]
+
+  def hidden_cached_routed(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask,
+                           fused=None, causal=True):
+    """`hidden_cached` and the MoE layers' `Routing` [L_moe, ...] of the S new tokens (None
+    for a dense model): (hidden [B,S,D], cache, routing)."""
     chex.assert_rank(tokens_bs, 2)
     chex.assert_equal_shape([tokens_bs, positions])
     b = tokens_bs.shape[0]
@@ -245,14 +231,16 @@ class Decoder(nnx.Module):
     x = self.embed_tokens(tokens_bs)  # [B,S,D]
     cos, sin = rope_cos_sin(positions, self.cfg)
     mask_bst = AttentionMask.cached(kv_mask, start, causal=causal)  # [B,S,S_max], as vectors
-    ks, vs = [], []
+    ks, vs, routings = [], [], []
     layers = self.layer_list() if fused is None else [layer for _, layer in fused]
     for i, layer in enumerate(layers):
-      x, k_i, v_i = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
-                                 fused=None if fused is None else fused[i][0])
+      x, k_i, v_i, routing = layer.cached(x, cos, sin, mask_bst, cache.k[i], cache.v[i], start,
+                                          fused=None if fused is None else fused[i][0])
       ks.append(k_i)
       vs.append(v_i)
-    return self.final_norm(x), KVCache(tuple(ks), tuple(vs))
+      if routing is not None:
+        routings.append(jax.tree.map(lambda a: a[None], routing))
+    return self.final_norm(x), KVCache(tuple(ks), tuple(vs)), _concat_layers(routings)
 
   def forward_cached(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask,
                      fused=None, causal=True):
@@ -275,7 +263,22 @@ class Decoder(nnx.Module):
     Returns:
       (logits float32 [B,S,V], updated cache).
     """
-    hidden, cache = self.hidden_cached(
+    return self.forward_cached_routed(
+        tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask, fused=fused,
+        causal=causal)[:2]
+
+  def forward_cached_routed(self, tokens_bs, *, positions, cache: KVCache, start, kv_mask,
+                            fused=None, causal=True):
+    """`forward_cached` and the MoE layers' `Routing` [L_moe, ...] of the S new tokens (None
+    for a dense model): (logits float32 [B,S,V], cache, routing)."""
+    hidden, cache, routing = self.hidden_cached_routed(
         tokens_bs, positions=positions, cache=cache, start=start, kv_mask=kv_mask, fused=fused,
         causal=causal)
-    return self.logits_from_hidden(hidden), cache
+    return self.logits_from_hidden(hidden), cache, routing
+
+
+def _concat_layers(routings) -> Routing | None:
+  """Per-block `Routing`s with a leading layer axis -> one over all of them (None if none)."""
+  if not routings:
+    return None
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *routings)

@@ -16,7 +16,9 @@ every entry point: the full forward, `hidden_states`, `forward_cached`, and the 
 decode weights (merged there once per call, i.e. once per rollout).
 
 Select trainable and frozen parameters with `nnx.LoRAParam` and `nnx.Not(nnx.LoRAParam)`
-(never a bare `nnx.Param` filter: LoRAParam is a subclass of Param).
+(never a bare `nnx.Param` filter: LoRAParam is a subclass of Param). A mixture-of-experts
+model takes attention targets only: expert LoRA is not built (PEFT reads gate/up/down on
+`transformers`' Qwen3-MoE as its fused experts).
 """
 
 from __future__ import annotations
@@ -84,9 +86,9 @@ def _groups(model):
   for a single layer) of each block of the decoder."""
   out, first = [], 0
   for block in getattr(model, "layers", []):
-    stacked = isinstance(block, LayerStack)
-    out.append((first, block.layer if stacked else block, block.count if stacked else None))
-    first += block.count if stacked else 1
+    count = block.count if isinstance(block, LayerStack) else None
+    out.append((first, block if count is None else block.layer, count))
+    first += count or 1
   return out
 
 
@@ -102,8 +104,8 @@ def _check_targets(targets):
 def add_lora(model, *, rank: int, alpha: float, targets=TARGETS, rngs: nnx.Rngs):
   """Adds fp32 LoRA adapters (B = 0) to the chosen projections of every layer, in place.
 
-  Works on any decoder `load_hf` returns (Llama, Qwen2, Qwen3) and on `Decoder`s built
-  from a config; the base weights are untouched (bf16 bases keep fp32 adapters).
+  Works on any decoder `load_hf` returns and on `Decoder`s built from a config; the base
+  weights are untouched (bf16 bases keep fp32 adapters).
 
   Args:
     model: a `rljax.models.Decoder`.
@@ -114,16 +116,21 @@ def add_lora(model, *, rank: int, alpha: float, targets=TARGETS, rngs: nnx.Rngs)
   Returns:
     the model (with `len(targets) × num_layers` adapters).
   Raises:
-    ValueError: bad rank/alpha/targets, or a model that already has adapters.
+    ValueError: bad rank/alpha/targets (gate/up/down on a mixture-of-experts model), or a
+      model that already has adapters.
   """
   targets = _check_targets(targets)
   if int(rank) < 1 or float(alpha) <= 0:
     raise ValueError(f"LoRA needs rank >= 1 and alpha > 0, got rank={rank}, alpha={alpha}")
   if has_lora(model):
     raise ValueError("add_lora: the model already has LoRA adapters")
+  mlp = [t for t in targets if t not in _ATTENTION]
+  if mlp and getattr(model.cfg, "num_experts", 0):
+    raise ValueError(f"LoRA targets {mlp} on a mixture-of-experts model: expert LoRA is not "
+                     "built (PEFT adapts the fused experts there); target q, k, v, o only "
+                     "(config: model.lora_targets)")
   for _, layer, count in _groups(model):
-    # layer by layer, target by target: a stack's adapters draw the same random A as the
-    # same layers' adapters unstacked
+    # layer by layer, target by target: a stack's A are the same layers' unstacked A
     made = [[_new_adapter(layer, name, model.cfg, rank, alpha, count, rngs)
              for name in targets] for _ in range(count or 1)]
     for k, name in enumerate(targets):
@@ -137,9 +144,8 @@ def _new_adapter(layer, name, cfg, rank, alpha, count, rngs):
   axes = getattr(_owner(layer, name), name).get_metadata()["out_sharding"]
   axes = axes if count is None else axes[1:]   # a stack's weights: "layers" first
   in_shape, out_shape = _shapes(name, cfg)
-  n_in = len(in_shape)
-  return LoRAAdapter(in_shape, out_shape, rank=rank, alpha=alpha, in_axes=axes[:n_in],
-                     out_axes=axes[n_in:], rngs=rngs)
+  return LoRAAdapter(in_shape, out_shape, rank=rank, alpha=alpha, in_axes=axes[:len(in_shape)],
+                     out_axes=axes[len(in_shape):], rngs=rngs)
 
 
 def _slots(model):
@@ -163,7 +169,7 @@ def adapters(model):
   return {(first, name): adapter for first, _, _, name, adapter in _slots(model)}
 
 
-def has_lora(model) -> bool:
+def has_lora(model) -> bool:  # noqa: D103
   return bool(adapters(model))
 
 

@@ -21,6 +21,18 @@ from rljax.models.config import ModelConfig
 from rljax.models.layers import MLP, dense, param, swiglu
 
 
+def route_dtype(num_experts: int):
+  """The compact integer dtype a sampler stores expert ids in: uint8 for E < 255, else
+  int16 (its largest value, `no_route(dtype)`, stays free to mark a missing route)."""
+  return jnp.uint8 if num_experts < 255 else jnp.int16
+
+
+def no_route(dtype) -> int:
+  """The id that marks a position without a recorded route (>= E: `route` then keeps the
+  router's own top-k there)."""
+  return int(jnp.iinfo(dtype).max)
+
+
 class Routing(NamedTuple):
   """What a MoE block decided for each token, for the balancing losses, metrics and replay.
 
@@ -57,8 +69,9 @@ def route(logits_te, *, k: int, norm_topk_prob: bool, replay_ids=None):
     (weights float32 [..., k], expert ids int32 [..., k], own top-k ids int32 [..., k]).
   Note:
     ties in p go to the lower expert index (`jax.lax.top_k`, as `torch.topk` on CPU).
-    Replayed ids outside [0, E) are clipped (padding rows may carry any id); a token's
-    replayed ids are assumed distinct, as a top-k's are.
+    A token whose replayed ids are not all in [0, E) has no recorded route (e.g. the
+    sentinel `NO_ROUTE` a sampler leaves at positions it never fed): it keeps this
+    router's own top-k. A token's replayed ids are assumed distinct, as a top-k's are.
   """
   probs = jax.nn.softmax(logits_te.astype(jnp.float32), axis=-1)  # [..., E]
   top_p, own_ids = jax.lax.top_k(probs, k)  # [..., k]
@@ -66,7 +79,9 @@ def route(logits_te, *, k: int, norm_topk_prob: bool, replay_ids=None):
     ids, weights = own_ids, top_p
   else:
     chex.assert_equal_shape([replay_ids, own_ids])
-    ids = jnp.clip(replay_ids.astype(jnp.int32), 0, probs.shape[-1] - 1)
+    replay = replay_ids.astype(jnp.int32)
+    recorded = jnp.all((replay >= 0) & (replay < probs.shape[-1]), axis=-1, keepdims=True)
+    ids = jnp.where(recorded, replay, own_ids)
     weights = jnp.take_along_axis(probs, ids, axis=-1)
   if norm_topk_prob:
     weights = weights / jnp.sum(weights, axis=-1, keepdims=True)

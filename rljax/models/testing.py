@@ -16,6 +16,15 @@ def tiny_config(**overrides) -> ModelConfig:
   return ModelConfig(**{**base, **overrides})
 
 
+def tiny_moe_config(**overrides) -> ModelConfig:
+  """`tiny_config` with Qwen3-MoE layers: 4 layers, layer 0 dense (`mlp_only_layers`), the
+  others 4 experts of width 32, top 2, normalised weights (Qwen3 layout: q/k norm)."""
+  base = dict(num_layers=4, arch="qwen3", attention_bias=False, qk_norm=True, num_experts=4,
+              num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+              mlp_only_layers=(0,))
+  return tiny_config(**{**base, **overrides})
+
+
 def perturb_params(model: nnx.Module, *, scale: float = 0.1, seed: int = 0) -> nnx.Module:
   """Adds scale·N(0,1) noise (drawn with NumPy, so no per-shape XLA compiles) to every
   parameter, so zero biases and unit norm gains are exercised too. In place; returns model.
