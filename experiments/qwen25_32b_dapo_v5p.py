@@ -15,8 +15,13 @@ and train from a local checkpoint on the slice:
 
     rljax train --config experiments/qwen25_32b_dapo_v5p.py:/data/Qwen2.5-32B
 
-Decoding 8,192 sequences of 20k tokens at once needs a KV cache of petabytes; the
-continuous sampler decodes `sampling.slots` of them at a time. The prompts are DAPO's
+Decoding 8,192 sequences of 20k tokens at once needs a KV cache of about 48 TB (5.9 GB a
+row at 22,528 positions). The recipe uses the static sampler in waves of `sampling.slots`
+= 256 rows (4 per chip; 23.6 GB of KV cache per chip): the continuous sampler's slot loops
+hold the parameters whole on every chip (131 GB in fp32 for 32.8 B parameters, more than a
+v5p chip's 95 GB; `rljax plan` measured its decode at 266 GB per chip), while the static
+sampler keeps them fsdp-sharded. A wave holds 4 of a prompt's 16 samples per chip, so
+each row is prefilled on its own (no shared prefill). The prompts are DAPO's
 math set (BytedTsinghua-SIA/DAPO-Math-17k, as open-r1/DAPO-Math-17k-Processed gives it with
 flat fields), whose answers are integers.
 """
@@ -43,7 +48,7 @@ def get_config(arg=None):
   c.sampling.prompts_per_iteration, c.sampling.n = 512, 16
   c.sampling.max_new_tokens = 20480
   c.sampling.temperature, c.sampling.top_p = 1.0, 1.0
-  c.sampling.continuous, c.sampling.slots = True, 1024
+  c.sampling.continuous, c.sampling.slots = False, 256   # static sampler, waves of 256 rows
   c.sampling.eval_n = 4
   c.algo.epochs, c.algo.minibatches, c.algo.microbatches = 1, 16, 8
   c.algo.eps_low, c.algo.eps_high = 0.2, 0.28

@@ -17,7 +17,9 @@ Shao et al. 2024, arXiv:2402.03300, Sec. 4.1; verl's Qwen2.5-7B GRPO example): 1
 x 8 samples per iteration, 4 updates of 256 sequences, no KL term, learning rate 1e-6,
 bf16 compute over fp32 master weights, every decoder block rematerialised. On v5e (16 GB
 per chip) the parameters must stay sharded while sampling, hence the static sampler: the
-continuous sampler holds a whole copy of the parameters on every chip.
+continuous sampler holds a whole copy of the parameters on every chip. `rljax plan` on
+v5e-64 (fsdp 64, splash attention): every program fits, the largest is the prefill at
+12.9 GB per chip (docs/scale.md).
 """
 
 from rljax.train.config import base_config

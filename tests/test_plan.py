@@ -21,7 +21,9 @@ D, F, H, K, DH, V, L = 512, 1024, 4, 2, 128, 128, 2
 TINY = {"model.hidden_size": D, "model.intermediate_size": F, "model.num_heads": H,
         "model.num_kv_heads": K, "model.head_dim": DH, "model.vocab_size": V,
         "model.num_layers": L, "sampling.prompts_per_iteration": 8, "sampling.n": 4,
-        "algo.minibatches": 4, "parallel.data": 1, "parallel.fsdp": 4}
+        "algo.minibatches": 4, "parallel.data": 1, "parallel.fsdp": 4,
+        # S = 16 prompt + 112 response = 128: whole splash tiles (no padded attention)
+        "sampling.max_new_tokens": 112}
 
 
 def _plan(topology, *extra, **overrides):
@@ -75,6 +77,17 @@ def test_update_flops_match_6nt_plus_attention(planned):
   assert 0 < plan["iteration"]["update_mfu"] <= 1
 
 
+def test_auto_attention_is_splash_on_a_tpu_slice(planned):
+  # the programs are traced under the mesh: model.attention="auto" picks the Pallas kernel
+  _, plan = planned
+  kernels = {p["name"]: p["kernels"] for p in plan["programs"]}
+  for name in ("prefill", "logprobs", "update"):
+    assert any(k.startswith("splash_mha_fwd") for k in kernels[name]), (name, kernels)
+  assert any(k.startswith("splash_mha_dkv") for k in kernels["update"])
+  assert kernels["update"]["splash_mha_dkv_segmented_no_residuals"] == L  # once per layer
+  assert not kernels["decode"]   # decode attends one query to the cache in XLA
+
+
 def test_json_has_the_stable_fields(planned):
   _, plan = planned
   assert {"topology", "chips", "mesh", "fits", "programs", "iteration"} <= set(plan)
@@ -97,15 +110,17 @@ def test_json_has_the_stable_fields(planned):
 
 
 def test_a_run_that_cannot_fit_exits_3_with_what_would_fit():
-  # 8,192-token responses, no remat, whole micro-batches: the [B, H, S, S] attention
-  # scores of the forwards and the update exceed a v5e chip's 16 GB (the compiler gives
-  # up early: seconds). --search 0 ranks the changes without compiling them.
+  # 8,192-token responses, no remat, whole micro-batches, the XLA attention: its
+  # [B, H, S, S] scores in the forwards and the update exceed a v5e chip's 16 GB (the
+  # compiler gives up early: seconds). --search 0 ranks the changes without compiling them.
   code, out = _plan("v5e:2x2", "--search", "0", **{"sampling.max_new_tokens": 8192,
                                                     "model.max_position_embeddings": 16384,
-                                                    "algo.minibatches": 1})
+                                                    "algo.minibatches": 1,
+                                                    "model.attention": "xla"})
   assert code == 3, out
   assert "update does not fit" in out and "RESOURCE_EXHAUSTED" in out
   assert "(whole mesh, before sharding)" in out   # its largest arrays, named
-  assert "- suggestion: --config.algo.microbatches=" in out and "not compiled" in out
+  # the smallest change estimated to fit: a memory-linear attention (splash on TPU)
+  assert "- suggestion: --config.model.attention=auto" in out and "not compiled" in out
   result = json.loads(out.splitlines()[-1].removeprefix("RESULT "))
   assert result["fits"] is False and result["largest_per_chip_gb"] > 16

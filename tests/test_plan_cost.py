@@ -3,8 +3,9 @@ the host's CPU; XLA's own cost analysis counts a loop's body once)."""
 
 import jax
 import jax.numpy as jnp
+import pytest
 
-from rljax.plan.cost import loop_counted
+from rljax.plan.cost import causal_blocks, loop_counted
 
 M, D, LAYERS, STEPS = 64, 128, 4, 3
 
@@ -56,3 +57,12 @@ def test_a_program_without_loops_keeps_its_cost():
   cost, text = _compiled(lambda a, _: a @ a, jnp.ones((D, D)), None)
   assert loop_counted(cost, text) == {"flops": cost["flops"],
                                       "bytes_accessed": cost["bytes accessed"], "loops": []}
+
+
+@pytest.mark.parametrize("s,block,pairs", [(128, 128, 1), (1024, 512, 3), (1024, 128, 36),
+                                           (256, 512, 1)])
+def test_causal_blocks_count_the_lower_triangle(s, block, pairs):
+  assert causal_blocks(s, s, block, block) == pairs
+  # a key block holds a key at or before some query of a query block
+  n = -(-s // min(block, s))
+  assert pairs == n * (n + 1) // 2

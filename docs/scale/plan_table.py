@@ -7,6 +7,12 @@ of host memory and minutes; a crash or a timeout costs one row). Needs libtpu
     python docs/scale/plan_table.py                       # every row of docs/scale.md
     python docs/scale/plan_table.py --only qwen2.5-7b     # rows whose model matches
     python docs/scale/plan_table.py --list                # the rows, without compiling
+    python docs/scale/plan_table.py --cache plans/        # keep each row's JSON; reuse it
+    python docs/scale/plan_table.py --cache plans/ --cached-only   # the table from plans/
+
+With `--cache DIR` each row's `rljax plan --json` is saved as DIR/<row>.json and a row whose
+file exists is not compiled again (a long table can be filled over several runs, or from
+plans run on a bigger host: `rljax plan ... --json > DIR/<row>.json`, names by `--list`).
 
 It generates a table of docs/scale.md (not a benchmark: it times the compiler, no peer).
 Prints the Markdown table, then `RESULT {"metric": "plan_table", "rows", "fit", "compile_s"}`.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -62,6 +69,27 @@ def plan_row(experiment, topology, overrides, timeout):
   return json.loads(lines[-1]), time.perf_counter() - t0
 
 
+def row_name(label, topology, overrides) -> str:
+  """The file name of a row's plan in a `--cache` directory."""
+  parts = [label, topology, *[f"{k}={v}" for k, v in overrides.items()]]
+  return re.sub(r"[^\w.=-]+", "_", "_".join(parts)) + ".json"
+
+
+def cached_row(cache, row, timeout, compile_missing: bool):
+  """The plan of `row` from the `cache` directory, else compiled (and saved there)."""
+  label, experiment, topology, overrides = row
+  path = pathlib.Path(cache) / row_name(label, topology, overrides) if cache else None
+  if path is not None and path.exists():
+    return json.loads(path.read_text().strip().splitlines()[-1])
+  if not compile_missing:
+    return None
+  plan, _ = plan_row(experiment, topology, overrides, timeout)
+  if path is not None and plan is not None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan) + "\n")
+  return plan
+
+
 def _gb(x) -> str:
   return f"{x / 1e9:.1f}"
 
@@ -88,25 +116,34 @@ def main(argv=None):
   parser.add_argument("--only", default="", help="rows whose label contains this text")
   parser.add_argument("--timeout", type=float, default=3600, help="seconds per row")
   parser.add_argument("--list", action="store_true", help="print the rows, compile nothing")
+  parser.add_argument("--cache", default="", help="directory of the rows' plan JSONs")
+  parser.add_argument("--cached-only", action="store_true",
+                      help="with --cache: rows without a saved plan are left out")
   args = parser.parse_args(argv)
   rows = [r for r in ROWS if args.only in r[0]]
   if args.list:
     for label, experiment, topology, overrides in rows:
-      print(f"{label}: rljax plan --config {experiment} --topology {topology} "
+      print(f"{row_name(label, topology, overrides)}: rljax plan --config {experiment} "
+            f"--topology {topology} "
             + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
     return
   lines = ["| model, recipe | topology | program | fits | per-chip GB / HBM | compile s "
            "| iteration (roofline) | update MFU |", "|" + "---|" * 8]
   fit, compile_s = 0, 0.0
-  for label, experiment, topology, overrides in rows:
-    plan, _ = plan_row(experiment, topology, overrides, args.timeout)
+  planned = 0
+  for row in rows:
+    label, _, topology, _ = row
+    plan = cached_row(args.cache, row, args.timeout, not args.cached_only)
+    if plan is None and args.cached_only:
+      continue
+    planned += 1
     lines += table_rows(label, topology, plan)
     if plan is not None:
       fit += bool(plan["fits"])
       compile_s += sum(p["compile_s"] for p in plan["programs"])
     print(lines[-1], file=sys.stderr, flush=True)
   print("\n".join(lines))
-  print("RESULT " + json.dumps({"metric": "plan_table", "rows": len(rows), "fit": fit,
+  print("RESULT " + json.dumps({"metric": "plan_table", "rows": planned, "fit": fit,
                                 "compile_s": round(compile_s, 1)}))
 
 

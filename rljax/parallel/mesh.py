@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -112,6 +113,29 @@ def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
   """Fully replicated sharding on `mesh` (scalars, RNG keys, small tables)."""
   return NamedSharding(mesh, PartitionSpec())
+
+
+def traced_on(mesh: Mesh | None, fn):
+  """`fn` whose trace runs under `mesh` (its abstract mesh), for the body of a `jax.jit`.
+
+  What `jax.set_mesh(mesh)` gives a trace (it cannot be entered inside `jax.jit`): code that
+  reads `jax.sharding.get_abstract_mesh()` sees the devices the program is compiled for.
+  `model.attention="auto"` needs it to pick Pallas splash attention on TPU and run it per
+  shard (`rljax.models.attention_kernels`); GSPMD's partitioning of everything else is the
+  same (the mesh's axes are Auto). With `mesh` None, `fn` itself.
+
+  Args:
+    mesh: the mesh the program's arguments live on (a sampler's own devices for the
+      sampler's programs); compile-only TPU devices for `rljax plan`.
+  """
+  if mesh is None:
+    return fn
+
+  @functools.wraps(fn)
+  def under_mesh(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return under_mesh
 
 
 def split_devices(devices, sampler_count: int) -> tuple[list, list]:

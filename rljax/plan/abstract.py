@@ -32,6 +32,7 @@ from rljax.train.params import Params, Teacher, TrainState
 from rljax.train.params.offload import HOST_MEMORY_KIND
 from rljax.train.params.state import optimizer_shardings
 from rljax.train.params.teacher import is_run_dir
+from rljax.train.rollout.single_turn import static_waves
 from rljax.train.run import components
 from rljax.train.run.build import meshes
 
@@ -46,7 +47,8 @@ class Shapes:
     sampler_prompt_len: the sampler's prompt bucket (P rounded up to a power of two).
     response_len: T, completion columns.
     minibatch: rows of one update step; microbatches: its `lax.scan` split.
-    decode_rows: rows decoded together (all rows, or `sampling.slots`).
+    decode_rows: rows decoded together (all rows, or `sampling.slots`: the continuous
+      sampler's slots, the static sampler's waves).
   """
 
   rows: int
@@ -166,8 +168,14 @@ def _shapes(config, specs: Specs, prompt_len: int, sampler_mesh) -> Shapes:
   rows = specs.rollout.prompts_per_iteration * specs.rollout.n
   shards = math.prod(sampler_mesh.shape[a] for a in parallel.BATCH_AXES)
   requests = buckets.round_up(rows, None, multiple_of=shards)
-  slots = specs.rollout.slots if specs.rollout.continuous else 0
-  decode = max(shards, min(requests, slots) // shards * shards) if slots else requests
+  slots = specs.rollout.slots
+  if specs.rollout.continuous:
+    decode = max(shards, min(requests, slots) // shards * shards) if slots else requests
+  else:   # the static sampler's waves (`rljax.train.rollout.single_turn.static_waves`)
+    try:
+      decode = requests // static_waves(slots, requests, shards)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
   return Shapes(rows=rows, prompt_len=prompt_len,
                 sampler_prompt_len=buckets.round_up(prompt_len, "pow2"),
                 response_len=specs.rollout.max_new_tokens, minibatch=rows // s.minibatches,

@@ -19,11 +19,15 @@ HLO. Bytes of the added iterations follow the generic analysis's model (operands
 results of each unfused instruction), which is within tens of percent of the TPU
 compiler's (it leaves out arrays the TPU keeps in on-chip memory). A loop whose trip count
 the HLO does not state (`rljax.plan.hlo.trip_count`) is counted once.
+
+Neither analysis counts the FLOPs of a Pallas kernel (a `tpu_custom_call`): those of splash
+attention are counted here from its operands' shapes and block sizes (`kernel_flops`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import jax
@@ -34,6 +38,13 @@ _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 _CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _FRAME = re.compile(r"\s?\bstack_frame_id=\d+")
+# splash attention's kernels (`jax.experimental.pallas.ops.tpu.splash_attention`): matmuls
+# per computed (query block, key block) pair and the metadata naming their block sizes
+SPLASH = {"splash_mha_fwd": (2, "block_q", "block_kv"),
+          "splash_mha_dq": (3, "block_q_dq", "block_kv_dq"),
+          "splash_mha_dkv": (4, "block_q_dkv", "block_kv_dkv")}
+_CONSTRAINTS = re.compile(r"operand_layout_constraints=\{(.*?)\}\}?, \w+=")
+_FLOATS = re.compile(r"\b(?:f32|bf16|f16)\[([\d,]+)\]")
 
 
 def _module(header: str, comps: dict, order: list, entry: str) -> str:
@@ -124,3 +135,51 @@ def loop_counted(cost: dict, text: str) -> dict:
   entry = next(k for k, (is_entry, _, _) in comps.items() if is_entry)
   more = extra(entry)
   return {"flops": flops + more[0], "bytes_accessed": nbytes + more[1], "loops": loops}
+
+
+def causal_blocks(q_len: int, kv_len: int, block_q: int, block_kv: int) -> int:
+  """(query block, key block) pairs a causal block-sparse kernel computes: those holding a
+  key at or before one of their queries (the others are skipped whole)."""
+  bq, bk = min(block_q, q_len), min(block_kv, kv_len)
+  blocks_kv = -(-kv_len // bk)
+  return sum(min(blocks_kv, ((i + 1) * bq - 1) // bk + 1) for i in range(-(-q_len // bq)))
+
+
+def _splash_flops(lines: list, i: int) -> float:
+  """FLOPs of one call of the splash kernel on line `i` (0 for another custom call)."""
+  line = lines[i]
+  kernel = next((k for k in SPLASH if hlo.opcode(line) == "custom-call"
+                 and re.match(rf"\s*(?:ROOT )?%?{k}", line)), None)
+  constraints = _CONSTRAINTS.search(line)
+  if kernel is None or constraints is None:
+    return 0.0
+  shapes = [[int(d) for d in m.split(",")] for m in _FLOATS.findall(constraints.group(1))]
+  q, k = [x for x in shapes if len(x) >= 3][:2]
+  matmuls, q_key, kv_key = SPLASH[kernel]
+  meta = " ".join(lines[i + 1:i + 4])   # the kernel's metadata follows on its own lines
+  sizes = {key: int(v) for key, v in re.findall(r'\\"(\w+)\\": (\d+)', meta)}
+  if kernel == "splash_mha_dkv" and '\\"use_fused_bwd_kernel\\": true' in meta:
+    matmuls += 1   # dq computed in the same kernel
+  rows_heads = math.prod(q[:-2])   # [..., H, S, Dh]
+  blocks = causal_blocks(q[-2], k[-2], sizes.get(q_key, q[-2]), sizes.get(kv_key, k[-2]))
+  bq, bk = min(sizes.get(q_key, q[-2]), q[-2]), min(sizes.get(kv_key, k[-2]), k[-2])
+  return 2.0 * matmuls * rows_heads * blocks * bq * bk * q[-1]
+
+
+def kernel_flops(text: str) -> float:
+  """FLOPs of the splash attention kernels of one call of the optimized HLO `text`, every
+  loop counted by its trip count; XLA's cost analysis counts a Pallas kernel as none.
+
+  Per call: 2 · matmuls · rows · heads · (computed block pairs) · block_q · block_kv · Dh,
+  with 2 matmuls in the forward kernel (Q·Kᵀ, P·V), 3 in dq (Q·Kᵀ again, dO·Vᵀ, dS·K) and 4 in
+  dkv (Q·Kᵀ, Pᵀ·dO, dO·Vᵀ, dSᵀ·Q): what the kernels execute, recomputation included, on
+  the causal blocks they do not skip (`causal_blocks`; rljax's splash mask is causal).
+  """
+  comps = hlo.computations(text)
+  mult, _ = hlo.multipliers(comps)
+  total = 0.0
+  for name, (_, lines) in comps.items():
+    if mult.get(name):
+      total += mult[name] * sum(_splash_flops(lines, i) for i, line in enumerate(lines)
+                                if "tpu_custom_call" in line)
+  return total

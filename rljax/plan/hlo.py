@@ -47,7 +47,7 @@ def computations(text: str, *, headers: bool = False) -> dict:
     if header:
       name = header.group(2)
       comps[name] = (bool(header.group(1)), [], line.removeprefix("ENTRY "))
-    elif line.startswith("}"):
+    elif line.rstrip() == "}":   # (an attribute may span lines: "}}, metadata=...")
       name = None
     elif name is not None:
       comps[name][1].append(line)
@@ -87,7 +87,7 @@ def trip_count(line: str, comps: dict) -> int:
   return 1
 
 
-def _multipliers(comps: dict) -> tuple[dict, set]:
+def multipliers(comps: dict) -> tuple[dict, set]:
   """(executions of each computation per program call, names of fused computations)."""
   edges, fused = {}, set()
   for name, (_, lines) in comps.items():
@@ -124,7 +124,7 @@ def collectives(text: str) -> dict:
   """{kind: {"count", "bytes"}} over one call of the program: each collective's count and
   the bytes of the whole array it gathers, reduces or exchanges (per device)."""
   comps = computations(text)
-  mult, _ = _multipliers(comps)
+  mult, _ = multipliers(comps)
   out = {}
   for name, (_, lines) in comps.items():
     for line in lines:
@@ -140,11 +140,27 @@ def collectives(text: str) -> dict:
   return out
 
 
+def pallas_kernels(text: str) -> dict:
+  """{kernel: calls per program call} of the Pallas kernels (`tpu_custom_call`s) in the
+  optimized HLO `text`, each named by its instruction (e.g. splash attention's
+  "splash_mha_fwd_segmented_residuals"), loops counted by their trip counts."""
+  comps = computations(text)
+  mult, _ = multipliers(comps)
+  out = {}
+  for name, (_, lines) in comps.items():
+    for line in lines:
+      instr = _INSTR.match(line)
+      if instr and mult.get(name) and 'custom_call_target="tpu_custom_call"' in line:
+        kernel = re.sub(r"(\.\d+|\.clone)+$", "", instr.group(1))
+        out[kernel] = out.get(kernel, 0) + int(mult[name])
+  return out
+
+
 def largest_buffers(text: str, k: int = 5) -> list[dict]:
   """The `k` largest arrays a program materialises (results of unfused instructions, one
   device's shard), with the JAX operation that made them."""
   comps = computations(text)
-  _, fused = _multipliers(comps)
+  _, fused = multipliers(comps)
   seen = {}
   for name, (_, lines) in comps.items():
     if name in fused:

@@ -1,7 +1,8 @@
 """Compiling one program and reading what the compiler says about it: per-device memory
 (`memory_analysis`), FLOPs and bytes (`cost_analysis`, every loop counted by its trip
-count: `rljax.plan.cost`), collectives and largest arrays (the
-optimized HLO), and the roofline time on the plan's chip.
+count, plus the FLOPs of splash attention's Pallas kernels: `rljax.plan.cost`),
+collectives, Pallas kernels and largest arrays (the optimized HLO), and the roofline time
+on the plan's chip.
 
 A program the TPU compiler cannot fit in a chip's HBM fails to compile; its report then
 carries the compiler's own figures (memory required, the largest allocations when it lists
@@ -17,7 +18,7 @@ import jax
 
 from rljax.plan import hlo
 from rljax.plan.abstract import per_chip_bytes
-from rljax.plan.cost import loop_counted
+from rljax.plan.cost import kernel_flops, loop_counted
 from rljax.plan.programs import Program
 
 
@@ -89,8 +90,10 @@ def measure(program: Program, chip, hbm_limit: float | None, devices: int) -> di
   if report is None:
     text = compiled.as_text()
     cost = loop_counted(_cost(compiled.cost_analysis()), text)
-    report = {"compiled": True, "flops": cost["flops"],
+    kernels = kernel_flops(text)
+    report = {"compiled": True, "flops": cost["flops"] + kernels, "kernel_flops": kernels,
               "bytes_accessed": cost["bytes_accessed"], "loops": cost["loops"],
+              "kernels": hlo.pallas_kernels(text),
               "per_chip_bytes": _memory(compiled, program.resident),
               "largest_buffers": hlo.largest_buffers(text),
               "collectives": hlo.collectives(text)}

@@ -177,10 +177,14 @@ def sampler_programs(run: AbstractRun, teacher_bytes: float) -> list[Program]:
   cfg, chips = run.model_cfg, (run.sampler_mesh or run.mesh).size
   group = run.specs.rollout.n if run.specs.rollout.share_prefill else 1
   p, context = s.sampler_prompt_len, s.sampler_prompt_len + s.response_len
-  prefill = s.rows // group * p * forward_flops_per_token(cfg, p) / chips
+  # the static sampler runs both once per wave of decode_rows rows (`sampling.slots`)
+  waves = 1 if run.specs.rollout.continuous else s.rows // s.decode_rows
+  rows = s.rows // waves
+  prefill = rows // group * p * forward_flops_per_token(cfg, p) / chips
   decode = s.decode_rows * forward_flops_per_token(cfg, context) / chips
-  return [Program("prefill", sampler.prefill, 1, resident, s.rows * p, prefill),
-          Program("decode", sampler.decode, s.response_len, resident, s.decode_rows, decode)]
+  return [Program("prefill", sampler.prefill, waves, resident, rows * p, prefill),
+          Program("decode", sampler.decode, s.response_len * waves, resident, s.decode_rows,
+                  decode)]
 
 
 def iteration_programs(run: AbstractRun) -> list[Program]:

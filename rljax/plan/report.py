@@ -56,8 +56,12 @@ def _not_fitting(plan: dict) -> list[str]:
                  f"(largest {_gb(max(c['totals'].values(), default=0))} GB)")
   best = search.get("suggestion")
   if search and not best:
+    shrink = ("e.g. a memory-linear attention for [B, H, S, S] scores: "
+              "--config.model.attention=auto" if plan["model"]["attention"] == "xla" else
+              "the attention is memory-linear already: more chips, fewer rows per chip or "
+              "shorter sequences")
     lines.append("- no change the search knows is estimated to fit: the largest arrays above "
-                 "must shrink (e.g. a memory-linear attention for [B, H, S, S] scores)")
+                 f"must shrink ({shrink})")
   if best:
     state = ("compiled, fits" if best["fits"] else
              f"not compiled; estimated {_gb(best['estimate'])} GB per chip")
@@ -67,6 +71,13 @@ def _not_fitting(plan: dict) -> list[str]:
     lines.append(f"  {untried} more candidates ranked in --json 'search' (raise --search to "
                  "compile more)")
   return lines
+
+
+def _attention(plan: dict) -> str:
+  """The configured attention, and the Pallas kernel it compiled to (`auto` on TPU)."""
+  kernels = {k for p in plan["programs"] for k in p.get("kernels") or {}}
+  splash = any(k.startswith("splash") for k in kernels)
+  return plan["model"]["attention"] + (" (Pallas splash compiled)" if splash else "")
 
 
 def _flags(overrides: dict) -> str:
@@ -83,7 +94,7 @@ def text(plan: dict) -> str:
                                      if plan["sampler_mesh"] else ""),
            f"model: {m['source']}, {m['layers']} layers, {m['params'] / 1e9:.2f} B parameters "
            f"({m['param_dtype']} params, {m['dtype']} compute, remat {m['remat']}, "
-           f"LoRA rank {m['lora_rank']}, attention {m['attention']})",
+           f"LoRA rank {m['lora_rank']}, attention {_attention(plan)})",
            f"shapes: {s['rows']} rows x (P {s['prompt_len']} + T {s['response_len']}), "
            f"minibatch {s['minibatch']} in {s['microbatches']} micro-batches, "
            f"{s['decode_rows']} rows decoded together",

@@ -1,7 +1,8 @@
 """The sampler's two programs, lowered from its own decode core (`rljax.sampling.decode`):
 
 - `prefill`: `prefill_rows` over every rollout row (one prefill per prompt with
-  `sampling.share_prefill`), returning the last logits and the prompt's KV cache;
+  `sampling.share_prefill`), returning the last logits and the prompt's KV cache; over
+  one wave of rows for the static sampler with `sampling.slots`;
 - `decode`: one `decode_step` over the rows decoded together, with the KV cache at its full
   length P + T, the loop's invariants (the fused q|k|v and gate|up weights, the uniforms
   of every step) as arguments and its carry donated, as the `while_loop` keeps it in place.
@@ -90,8 +91,8 @@ class SamplerPrograms:
     row_args = [sharded(m(rows), jax.tree.map(lambda p: NamedSharding(self.mesh, p), s))
                 for m, s in zip(row_makes, row_specs)]
     args = (*whole, *row_args)
-    if not self.per_shard:
-      return jax.jit(fn, donate_argnums=donate).lower(*args), args
+    if not self.per_shard:   # the static sampler: traced under its mesh, as it runs
+      return jax.jit(parallel.traced_on(self.mesh, fn), donate_argnums=donate).lower(*args), args
     out_specs = _row_specs(lambda r: jax.eval_shape(fn, *whole, *[m(r) for m in row_makes]),
                            self._local(rows), self.axes)
     mapped = jax.shard_map(fn, mesh=self.mesh, out_specs=out_specs, check_vma=False,
@@ -103,8 +104,11 @@ class SamplerPrograms:
     """The lowered prefill of every rollout row (the sampler's prompt bucket)."""
     s = self.run.shapes
     rows, width = s.rows + (-s.rows) % self.shards, s.sampler_prompt_len
+    local = self._local(rows)
+    if not self.per_shard:   # the static sampler prefills one wave of rows at a time
+      rows, local = s.decode_rows, s.decode_rows // self.shards
     group = self.spec.group
-    spec = self.spec._replace(group=group if self._local(rows) % group == 0 else 1)
+    spec = self.spec._replace(group=group if local % group == 0 else 1)
 
     def fn(state, tokens, mask):
       model = self._model(state)

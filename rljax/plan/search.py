@@ -2,13 +2,15 @@
 compiled to check.
 
 Candidates, from the least to the most change to the run: another `data × fsdp × tensor`
-factorisation of the slice, more micro-batches, remat, the static sampler (its parameters
+factorisation of the slice, more micro-batches, remat, a memory-linear attention (when
+`model.attention` is xla), the static sampler (its parameters
 stay sharded where the continuous sampler gathers them on every device), fewer decode
 slots, the reference in host memory, all of these together, and LoRA (which changes the
 method). Each is scored by
 a coarse estimate of the failing programs' per-chip bytes: the run's state scales as its
 exact per-chip size under the candidate, activations with the rows each chip holds, the
-micro-batch split, remat and the tensor split. The estimate only orders them; a candidate
+micro-batch split, remat, the tensor split and (attention) a tile of ATTENTION_TILE keys in
+place of S. The estimate only orders them; a candidate
 counts as fitting once its programs compile within the chip's HBM.
 """
 
@@ -25,6 +27,7 @@ TRAINING = ("update", "logprobs", "values", "teacher")
 SAMPLING = ("prefill", "decode")
 REMAT_KEEPS = 0.35   # share of the update's activations left with remat (coarse)
 LORA_RANK = 64
+ATTENTION_TILE = 512   # keys a memory-linear attention holds per query block (coarse)
 
 
 @dataclasses.dataclass
@@ -84,6 +87,10 @@ def _scale(run, new_run, overrides: dict, report: dict) -> float:
     act *= run.shapes.microbatches / new_run.shapes.microbatches
   if name == "update" and overrides.get("model.remat") and not run.model_cfg.remat:
     act *= REMAT_KEEPS
+  if "model.attention" in overrides and name in (*TRAINING, "prefill"):   # S keys -> a tile
+    s = run.shapes
+    keys = s.sampler_prompt_len if name == "prefill" else s.prompt_len + s.response_len
+    act *= min(1.0, ATTENTION_TILE / keys)
   if name == "decode" and "sampling.slots" in overrides:   # the cache and carry scale
     ratio = new_run.shapes.decode_rows / run.shapes.decode_rows
     params = per_chip_bytes(run.state.actor)
@@ -108,6 +115,9 @@ def _proposals(config, run, failing: list[str], chips: int) -> list[tuple[dict, 
       out.append(({"algo.microbatches": micro}, f"{k}x more micro-batches"))
   if not m.remat:
     out.append(({"model.remat": True}, "rematerialise each decoder block"))
+  if m.attention == "xla":
+    out.append(({"model.attention": "auto"},
+                "a memory-linear attention (splash on TPU): no [B, H, S, S] scores"))
   if s.continuous and any(name in SAMPLING for name in failing):
     out.append(({"sampling.continuous": False}, "the static sampler: parameters stay sharded"))
   shards = run.mesh.shape["data"] * run.mesh.shape["fsdp"]

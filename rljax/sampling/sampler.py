@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rljax.parallel import traced_on
 from rljax.sampling import buckets
 from rljax.sampling.decode import (
   Decoded,
@@ -32,15 +33,19 @@ from rljax.sampling.rollout import Rollout
 
 
 def _decode(graphdef, state, tokens_rp, mask_rp, streams_r2, rng, scalars_3, *,
-            spec: DecodeSpec) -> Decoded:
-  """Prefill + decode loop. Traced once per (bucket, spec, graphdef)."""
+            spec: DecodeSpec, mesh=None) -> Decoded:
+  """Prefill + decode loop. Traced once per (bucket, spec, graphdef, mesh), under `mesh`
+  (`rljax.parallel.traced_on`: model.attention="auto" picks splash on a TPU slice)."""
   buckets._note_trace()
-  model = nnx.merge(graphdef, state)
-  step = step_sampler(spec, scalars_3, rng, streams_r2)
-  return decode_segments(model, tokens_rp, mask_rp, step, spec)[3]
+
+  def run():
+    model = nnx.merge(graphdef, state)
+    step = step_sampler(spec, scalars_3, rng, streams_r2)
+    return decode_segments(model, tokens_rp, mask_rp, step, spec)[3]
+  return traced_on(mesh, run)()
 
 
-_decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec",))
+_decode_jit = jax.jit(_decode, static_argnums=(0,), static_argnames=("spec", "mesh"))
 
 
 def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: SamplingParams,
@@ -65,7 +70,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       copy of the parameters and that compute dtype while training stays in float32 (a
       real source of train–inference mismatch).
     mesh: optional `jax.sharding.Mesh`; rows are sharded over its data axes and the
-      parameters keep (or get) their logical-axis sharding.
+      parameters keep (or get) their logical-axis sharding; the program is traced under it
+      (`rljax.parallel.traced_on`).
     prompt_bucket, batch_bucket: rounding of P and of B*n ("pow2", an int multiple, or
       None for exact shapes); one program is compiled per bucket.
     share_prefill: prefill each prompt once for its n samples (same cache, n-fold less
@@ -93,7 +99,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
   if mesh is not None:
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
-  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, streams_r2, rng, scalars_3, spec=spec)
+  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, streams_r2, rng, scalars_3, spec=spec,
+                    mesh=mesh)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
@@ -106,7 +113,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
 
 def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *,
                   sampling: SamplingParams, rng: jax.Array, pad_id: int = 0,
-                  sampler_dtype: Any = None, share_prefill: bool = False, streams=None):
+                  sampler_dtype: Any = None, share_prefill: bool = False, streams=None,
+                  mesh=None):
   """`generate` for prompt rows the caller has already repeated, padded and placed.
 
   For global arrays that span processes (multi-host: each process built only its own
@@ -122,6 +130,8 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
       of n): prefill each group once.
     streams: int32 [R, 2], each row's random stream, placed like the rows (default
       (r // n, r % n), as `generate`).
+    mesh: the mesh the rows and parameters live on (None: one device); the program is
+      traced under it, as `generate`'s.
   Returns:
     `Decoded` (tokens, mask, logp, logp_full, truncated; routes [R, W + T, L_moe, k] of a
     MoE policy) of all R rows, as in `Rollout`.
@@ -130,6 +140,7 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   if streams is None:
     streams = default_streams(tokens_rw.shape[0], sampling.n)
-  return _decode_jit(graphdef, state, tokens_rw, mask_rw, streams, rng, scalars_3, spec=spec)
+  return _decode_jit(graphdef, state, tokens_rw, mask_rw, streams, rng, scalars_3, spec=spec,
+                     mesh=mesh)
 
 

@@ -195,7 +195,9 @@ def _sampling() -> ConfigDict:
       # continuous batching (rljax.sampling.continuous): same tokens as the static sampler,
       # request by request. slots=0: every row resident, moved onto half as many slots each
       # time half have finished (long tails stop costing a full batch); slots < rows: a
-      # queue of requests refilling slots as they free
+      # queue of requests refilling slots as they free. The static sampler (continuous=False)
+      # with slots < rows decodes the rows in waves of `slots` rows (a multiple of the batch
+      # shards dividing the rows): only one wave's KV cache is resident
       continuous=True,
       slots=0,
       share_prefill=True,      # prefill each prompt once for its n samples (both samplers)

@@ -14,6 +14,7 @@ import dataclasses
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rljax import parallel
@@ -37,7 +38,8 @@ class SingleTurn:
 
   Attributes:
     continuous: continuous batching (`rljax.sampling.continuous`) over `slots` decode
-      slots (0: every row resident, drained onto fewer slots as rows finish).
+      slots (0: every row resident, drained onto fewer slots as rows finish); the static
+      sampler decodes the rows in waves of `slots` rows (0: all at once; `static_waves`).
     share_prefill: one prefill per prompt for its n samples (both samplers).
   """
 
@@ -111,8 +113,14 @@ class SingleTurn:
             model, tokens, mask, sampling=sampling, rng=rng, num_rows=real_rows,
             slots=decode_slots(self.slots, rows, batch_shards(ctx.mesh)),
             share_prefill=share, mesh=ctx.mesh, streams=streams, sampler_dtype=dtype)
-      return generate_rows(model, tokens, mask, sampling=sampling, rng=rng,
-                           share_prefill=share, streams=streams, sampler_dtype=dtype)
+      shards = batch_shards(ctx.mesh)
+      waves = static_waves(self.slots, rows, shards)
+      share = share and rows // waves // shards % sampling.n == 0   # whole groups per wave
+      return in_waves(
+          lambda t, m, st: generate_rows(model, t, m, sampling=sampling, rng=rng,
+                                         share_prefill=share, streams=st, mesh=ctx.mesh,
+                                         sampler_dtype=dtype),
+          waves, batch_shards(ctx.mesh), tokens, mask, streams)
     return generate
 
   def score(self, prompts, rows, n) -> RolloutBatch:
@@ -155,3 +163,37 @@ class SingleTurn:
     batch = self.score(prompts, rows, sampling.n)
     batch.seconds = {"generate_s": t1 - t0, "score_s": time.perf_counter() - t1}
     return batch
+
+
+def static_waves(slots: int, rows: int, shards: int) -> int:
+  """Waves the static sampler decodes `rows` rows in with `sampling.slots` = `slots` (0: one
+  wave): each wave holds `slots` rows, an equal share of every batch shard's rows, so that
+  only one wave's KV cache is resident. A wave that splits a prompt's n samples prefills
+  each row itself (no shared prefill).
+
+  Raises:
+    ValueError: `slots` does not split the rows so (names `sampling.slots`).
+  """
+  if not slots or slots >= rows:
+    return 1
+  if slots % shards or rows % slots:
+    raise ValueError(f"sampling.slots={slots} with the static sampler (waves of rows) must be "
+                     f"a multiple of the {shards} batch shards that divides the {rows} rows")
+  return rows // slots
+
+
+def in_waves(fn, waves: int, shards: int, *rows):
+  """`fn(*rows)` run over `waves` waves of the rows, results put back in row order: wave w
+  takes the w-th contiguous block of every batch shard's rows (each shard decodes its own
+  rows; a row's tokens depend only on its own random stream, not on its wave)."""
+  if waves == 1:
+    return fn(*rows)
+
+  def wave(x, w):
+    return x.reshape((shards, waves, -1) + x.shape[1:])[:, w].reshape((-1,) + x.shape[1:])
+
+  def merge(*xs):
+    blocks = [x.reshape((shards, 1, -1) + x.shape[1:]) for x in xs]
+    return jnp.concatenate(blocks, axis=1).reshape((-1,) + xs[0].shape[1:])
+  return jax.tree.map(merge, *[fn(*[wave(x, w) for x in rows]) for w in range(waves)])
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
+from rljax import parallel
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import LossSpec
 from rljax.train.update import objective, packing, routing
@@ -63,14 +64,19 @@ class ForwardFns:
       return objective.policy_sum_sq_forward(nnx.merge(actor_graphdef, params), batch,
                                              temperature=temperature)
 
-    self.policy_stats = jax.jit(in_micro_batches(policy_forward, num_micro))
-    self.values = jax.jit(in_micro_batches(value_forward, num_micro))
+    def jit(fn):   # traced under the mesh: model.attention="auto" picks splash on a TPU slice
+      return jax.jit(parallel.traced_on(mesh, in_micro_batches(fn, num_micro)))
+
+    self.policy_stats = jit(policy_forward)
+    self.values = jit(value_forward)
     # (log-probs, Σπ²) for the optimal token baseline; compiled only when that mode calls it
-    self.policy_sum_sq = jax.jit(in_micro_batches(sum_sq_forward, num_micro))
+    self.policy_sum_sq = jit(sum_sq_forward)
+
+    def routed(params, batch):
+      return routed_forward(nnx.merge(actor_graphdef, params), batch, temperature=temperature)
+
     # a MoE policy's rollout: log-probs with and without replay, the routing statistics
-    self.policy_routed = jax.jit(in_micro_batches(
-        lambda params, batch: routed_forward(nnx.merge(actor_graphdef, params), batch,
-                                             temperature=temperature), num_micro))
+    self.policy_routed = jit(routed)
     self.pack_groups = num_micro * pack_groups   # packing layout groups per batch (0: padded)
     self.mesh = mesh
 

@@ -8,14 +8,13 @@ unchanged) and is counted.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rljax import parallel
 from rljax.train.params.state import TrainState
 from rljax.train.update import objective
 
@@ -84,7 +83,8 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
   """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`.
 
   With `state_shardings` (the shardings of a placed TrainState), the new state keeps
-  exactly those shardings, so the second call hits the compilation cache.
+  exactly those shardings, so the second call hits the compilation cache. With `mesh`, the
+  step is traced under it (`rljax.parallel.traced_on`).
 
   The update never reads the reference parameters: the returned function hands the
   jitted step the state without `ref` and puts the same `ref` back into the new state,
@@ -106,7 +106,6 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     out_shardings = (state_shardings._replace(ref=None, base=None),
                      NamedSharding(mesh, PartitionSpec()))
 
-  @functools.partial(jax.jit, donate_argnums=(0,), out_shardings=out_shardings)
   def jitted_step(state: TrainState, base, minibatch, train_actor):
     denom = objective.denominators(spec, minibatch["mask"])
     if "ptx" in minibatch:
@@ -122,6 +121,10 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
       metrics[objective.TOKEN_OUTPUTS] = jax.tree.map(
           lambda x: x.reshape((-1,) + x.shape[2:]), per_token)
     return new_state, metrics
+
+  # traced under the mesh, so that model.attention="auto" picks splash on a TPU slice
+  jitted_step = jax.jit(parallel.traced_on(mesh, jitted_step), donate_argnums=(0,),
+                        out_shardings=out_shardings)
 
   def update_step(state: TrainState, minibatch, train_actor):
     new_state, metrics = jitted_step(state._replace(ref=None, base=None), state.base,
