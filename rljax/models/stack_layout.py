@@ -60,14 +60,20 @@ def _add_axis(sharding):
   return sharding
 
 
+def _layer_variable(variable, value):
+  """A copy of a stacked `variable` holding one layer's `value`, "layers" dropped from its
+  logical axes."""
+  out = variable.replace(value)
+  axes = variable.get_metadata().get("out_sharding")
+  if axes and axes[0] == LAYERS_AXIS:
+    out.set_metadata(out_sharding=tuple(axes[1:]))
+  return out
+
+
 def _take(x, j):
   """Element j of a leaf's leading axis (an array, a ShapeDtypeStruct or a Variable)."""
   if is_variable(x):
-    out = x.replace(_take(x.get_raw_value(), j))
-    axes = x.get_metadata().get("out_sharding")
-    if axes and axes[0] == LAYERS_AXIS:
-      out.set_metadata(out_sharding=tuple(axes[1:]))
-    return out
+    return _layer_variable(x, _take(x.get_raw_value(), j))
   if isinstance(x, jax.ShapeDtypeStruct):
     return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
                                 sharding=_drop_axis(getattr(x, "sharding", None)))
@@ -130,6 +136,61 @@ def per_layer_layout(tree):
   `LayerStack` group replaced by its layers, one entry each: `layers/<g>/layer/...` [n, ...]
   becomes `layers/<i>/...` [...], i counting layers over all groups."""
   return _map_layer_lists(tree, _unstack_groups)
+
+
+def _layer_views(x) -> list | None:
+  """The slices of array `x` along its leading axis as arrays that share its memory, or
+  None where they cannot: `x` on CPU devices (each a whole copy of the leading axis), in a
+  dtype NumPy can view (bfloat16 cannot). The views hold a reference to `x`'s buffers:
+  while any is alive, a donating step copies `x` instead of writing in place."""
+  if not isinstance(x, jax.Array) or x.ndim == 0 or not x.is_fully_addressable:
+    return None
+  shards = x.addressable_shards
+  if any(s.device.platform != "cpu" or s.data.shape[0] != x.shape[0] for s in shards):
+    return None
+  try:
+    hosts = [np.from_dlpack(s.data) for s in shards]
+  except (BufferError, TypeError, RuntimeError):
+    return None
+  sharding = _drop_axis(x.sharding)
+  return [jax.make_array_from_single_device_arrays(
+              x.shape[1:], sharding,
+              [jax.device_put(h[j], s.device, may_alias=True) for h, s in zip(hosts, shards)])
+          for j in range(x.shape[0])]
+
+
+def per_layer_views(tree):
+  """`per_layer_layout(tree)` whose layers share the stacked arrays' memory (no copy), or
+  None when a stacked array cannot be viewed (`_layer_views`: not on the CPU, bfloat16).
+
+  For a program that reads each layer's parameters as its own argument: XLA CPU copies a
+  slice of a stacked argument before a matmul reads it (every layer's, for a loop whose
+  body reads them all: a decode step)."""
+  failed = []
+
+  def unstack(groups, _like=None):
+    groups, out = _raw(groups), {}
+    for key in sorted(groups):
+      group = groups[key]
+      if not _is_stack(group):
+        out[len(out)] = group
+        continue
+      leaves, treedef = jax.tree.flatten(group[STACK_KEY], is_leaf=is_variable)
+      views = []
+      for leaf in leaves:
+        value = _layer_views(leaf.get_raw_value() if is_variable(leaf) else leaf)
+        failed.extend([leaf] if value is None else [])
+        views.append(value)
+      if failed:
+        return groups
+      for j in range(_count(group)):
+        out[len(out)] = jax.tree.unflatten(treedef, [
+            _layer_variable(leaf, v[j]) if is_variable(leaf) else v[j]
+            for leaf, v in zip(leaves, views)])
+    return type(groups)(out)
+
+  out = _map_layer_lists(tree, unstack)
+  return None if failed else out
 
 
 def _stack_groups_like(groups, like_groups):

@@ -348,7 +348,7 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
   Returns:
     `Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
-  graphdef, state = split_for_sampling(model, sampler_dtype)
+  graphdef, state = split_for_sampling(model, sampler_dtype, layer_views=True)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   total = tokens_rw.shape[0]
   prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n

@@ -21,6 +21,7 @@ from flax import nnx
 
 from rljax.models import positions_from_mask
 from rljax.models.moe import compact_routes, no_route, route_dtype
+from rljax.models.stack_layout import per_layer_views
 from rljax.parallel import BATCH_AXES, state_shardings
 from rljax.sampling.filters import sample_tokens, stream_uniforms
 from rljax.sampling.params import SamplingParams
@@ -151,10 +152,23 @@ def shared_prefill(model, tokens_rp, positions_rp, kv_mask_rp, fused, group: int
   return prefill(model, tokens_rp, positions_rp, model.init_cache(r, p), kv_mask_rp, fused)
 
 
+# Fuse q|k|v and gate|up for a decode loop only while the fused copy is at most this big.
+# The copy lives for the whole call: Qwen2.5-0.5B's is 0.94 GB (half its weights), and its
+# batch-8 decode ran as fast without it (measured 0.89x the time, load 12-15); the toy
+# model's (3.4 M parameters: 8 MB) keeps its few-row steps' wider matmuls.
+FUSE_MAX_BYTES = 64 * 2 ** 20
+
+
 def fused_weights(model) -> dict:
   """`forward_cached`'s `fused=` keyword: q|k|v and gate|up concatenated once, for the
-  prefill and every decode step (fewer, wider matmuls); {} for a model without them."""
-  return {"fused": model.fused_weights()} if hasattr(model, "fused_weights") else {}
+  prefill and every decode step (fewer, wider matmuls); {} for a model without them or
+  whose fused copy would exceed `FUSE_MAX_BYTES`."""
+  if not hasattr(model, "fused_weights"):
+    return {}
+  shapes = jax.eval_shape(lambda: [weights for weights, _ in model.fused_weights()])
+  if sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) > FUSE_MAX_BYTES:
+    return {}
+  return {"fused": model.fused_weights()}
 
 
 def prefill_rows(model, tokens_rp, mask_rp, spec: DecodeSpec, fused):
@@ -283,11 +297,21 @@ def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
   return tokens_bp.astype(np.int32), mask_bp
 
 
-def split_for_sampling(model: nnx.Module, sampler_dtype):
-  """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`."""
+def split_for_sampling(model: nnx.Module, sampler_dtype, *, layer_views: bool = False):
+  """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`.
+
+  `layer_views`: a model with scanned layers (`ModelConfig.scan_layers`) is split as the
+  same model with one module per layer whose parameters are views of the stacked ones
+  (`rljax.models.stack_layout.per_layer_views`; CPU only, else as it is). A decode step
+  reads every layer's weights; from a stacked argument XLA CPU copied each layer's slice
+  before the loop, a second copy of the weights for the whole call (Qwen2.5-0.5B: 1.4 of
+  the program's 1.6 GB of temporaries; `tests/test_sampling_memory.py`). Only for a call
+  that drops the views when it returns: while they live, an update step that donates the
+  stacked parameters copies them instead.
+  """
   graphdef, state = nnx.split(model)
   if sampler_dtype is None:
-    return graphdef, state
+    return _per_layer_views(model, graphdef, state) if layer_views else (graphdef, state)
   dtype = jnp.dtype(sampler_dtype)
   cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
   state = jax.tree.map(cast, state)
@@ -295,6 +319,22 @@ def split_for_sampling(model: nnx.Module, sampler_dtype):
   if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
     graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
   return graphdef, state
+
+
+def _per_layer_views(model, graphdef, state):
+  cfg = getattr(model, "cfg", None)
+  if not getattr(cfg, "scan_layers", False) or not hasattr(cfg, "replace"):
+    return graphdef, state
+  views = per_layer_views(state)
+  if views is None:
+    return graphdef, state
+  per_layer = _graphdef_for(type(model), cfg.replace(scan_layers=False))
+  try:   # e.g. LoRA adapters, which the config does not describe: as it is
+    same = jax.tree.structure(nnx.state(nnx.merge(per_layer, views))) == jax.tree.structure(
+        views)
+  except (ValueError, KeyError, TypeError):
+    same = False
+  return (per_layer, views) if same else (graphdef, state)
 
 
 @functools.lru_cache(maxsize=32)

@@ -29,11 +29,20 @@ def split_micro(tree, num_micro):
 
 
 def _apply(tx, grads, opt_state, params, enabled):
-  """One optimizer step, or no change at all when `enabled` is False."""
-  updates, new_opt = tx.update(grads, opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(enabled, n, o), new, old)  # noqa: E731
-  return keep(new_params, params), keep(new_opt, opt_state)
+  """One optimizer step, or no change at all when `enabled` is False.
+
+  A `lax.cond`, not a select of the new or the old values: to select, XLA keeps the old
+  parameters and moments beside the new ones, and on the CPU it copied Adam's moments
+  before the forward pass to do so (Qwen2.5-0.5B update: 8,529 -> 7,745 MB of
+  temporaries, `tests/test_train_update_memory.py`). Same values either way.
+  """
+  def step(args):
+    grads, opt_state, params = args
+    updates, new_opt = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), new_opt
+
+  return jax.lax.cond(enabled, step, lambda args: (args[2], args[1]),
+                      (grads, opt_state, params))
 
 
 def accumulate_gradients(micro, params, minibatch, denom, base, num_micro):

@@ -1,0 +1,84 @@
+"""The sampler's memory: a scanned model's layers read as views, no copy of the weights."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models import Decoder, ModelConfig
+from rljax.models.stack_layout import per_layer_layout, per_layer_views
+from rljax.sampling import SamplingParams, decode, generate
+from rljax.sampling import sampler as static_sampler
+from rljax.sampling.decode import spec_and_scalars, split_for_sampling
+from rljax.sampling.filters import default_streams
+
+# the weights dominate the program: 4 layers of a wide MLP, a short generation
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=2048, num_layers=4,
+                  num_heads=4, num_kv_heads=2, head_dim=16)
+B, P, T = 2, 4, 6
+
+
+def _model(scan_layers=True):
+  return Decoder(CFG.replace(scan_layers=scan_layers), rngs=nnx.Rngs(0))
+
+
+def _prompts():
+  tokens = np.random.default_rng(0).integers(1, CFG.vocab_size, (B, P)).astype(np.int32)
+  return tokens, np.ones_like(tokens)
+
+
+def test_views_share_the_stacked_memory():
+  state = nnx.state(_model())
+  views = per_layer_views(state)
+  copies = per_layer_layout(state)
+  assert jax.tree.structure(views) == jax.tree.structure(copies)
+  gate = state["layers"][0]["layer"]["mlp"]["gate"].get_raw_value()
+  for j in range(CFG.num_layers):
+    view = views["layers"][j]["mlp"]["gate"].get_raw_value()
+    assert view.unsafe_buffer_pointer() == gate.unsafe_buffer_pointer() + j * view.nbytes
+  for a, b in zip(jax.tree.leaves(views), jax.tree.leaves(copies), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_sampler_program_holds_no_copy_of_the_weights(monkeypatch):
+  """XLA's temporaries of the static sampler's program on a scanned model whose fused
+  q|k|v and gate|up would exceed `FUSE_MAX_BYTES` (lowered to 1 MB here, as a 0.5B
+  model's are): a few rows' activations, caches and logits, not a layer's weights (each
+  layer's MLP: 1.5 MB)."""
+  monkeypatch.setattr(decode, "FUSE_MAX_BYTES", 2 ** 20)
+  model = _model()
+  tokens, mask = _prompts()
+  sampling = SamplingParams(max_new_tokens=T, temperature=1.0)
+  spec, scalars = spec_and_scalars(sampling, 0)
+  graphdef, state = split_for_sampling(model, None, layer_views=True)
+  compiled = static_sampler._decode_jit.lower(
+      graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), default_streams(B, 1),
+      jax.random.key(0), scalars, spec=spec).compile()
+  analysis = compiled.memory_analysis()
+  layer_mlp = 3 * CFG.hidden_size * CFG.intermediate_size * 4
+  assert analysis.argument_size_in_bytes > CFG.num_layers * layer_mlp
+  assert analysis.temp_size_in_bytes < layer_mlp / 4, analysis.temp_size_in_bytes
+
+
+def test_scanned_and_per_layer_models_sample_the_same():
+  scanned, per_layer = _model(True), _model(False)
+  tokens, mask = _prompts()
+  sampling = SamplingParams(max_new_tokens=T, temperature=1.0)
+  a = generate(scanned, tokens, mask, sampling=sampling, rng=jax.random.key(3))
+  b = generate(per_layer, tokens, mask, sampling=sampling, rng=jax.random.key(3))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.logp, b.logp)
+
+
+def test_parameters_donate_in_place_after_sampling():
+  """The views die with the call: an update that donates the stacked parameters then
+  writes into them (a view still alive would make XLA copy them instead)."""
+  model = _model()
+  tokens, mask = _prompts()
+  out = generate(model, tokens, mask, sampling=SamplingParams(max_new_tokens=T),
+                 rng=jax.random.key(0))
+  np.asarray(out.tokens)
+  step = jax.jit(lambda x: x + 1, donate_argnums=0)
+  for leaf in jax.tree.leaves(nnx.state(model)):
+    before = leaf.unsafe_buffer_pointer()
+    assert step(leaf).unsafe_buffer_pointer() == before
