@@ -66,3 +66,29 @@ def test_causal_blocks_count_the_lower_triangle(s, block, pairs):
   # a key block holds a key at or before some query of a query block
   n = -(-s // min(block, s))
   assert pairs == n * (n + 1) // 2
+
+
+def test_an_undercounted_update_takes_its_time_from_the_model_flops():
+  """MFU at the roofline never reads above 100 %: an update whose compiled FLOPs fall
+  below the model count (uncounted loop trips) is timed by the model count."""
+  from rljax.models import ModelConfig
+  from rljax.plan.estimate import iteration, training_flops_per_token
+
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                    num_heads=2, num_kv_heads=1, head_dim=16)
+  chips, peak, tokens, context = 4, 1e12, 256, 64
+  useful = tokens * training_flops_per_token(cfg, context)
+  floor = useful / (chips * peak)
+
+  def plan(flops_fraction):
+    update = {"name": "update", "compiled": True, "calls": 2, "tokens": tokens,
+              "flops": flops_fraction * useful / chips,
+              "roofline_s": flops_fraction * useful / chips / peak}
+    return iteration([update], model_cfg=cfg, context=context, chips=chips, peak_flops=peak,
+                     lora=False)
+
+  short = plan(0.5)
+  assert short["update_flops_counted"] == pytest.approx(0.5)
+  assert short["update_mfu"] == pytest.approx(1.0) and short["update_s"] == pytest.approx(2 * floor)
+  full = plan(1.25)   # more FLOPs than the model count (e.g. recomputation): its own time
+  assert full["update_mfu"] == pytest.approx(0.8) and full["update_s"] == pytest.approx(2.5 * floor)

@@ -15,7 +15,8 @@ weights) and compiled by the TPU compiler for the slice's compile-only devices
                                       "generated_code", "resident", "total"},
                    "hbm_bytes", "collectives": {KIND: {"count", "bytes"}}, "roofline_s",
                    "largest_buffers", "loops", "calls", ...}],
-     "iteration": {"roofline_s", "generation_s", "forwards_s", "update_s", "update_mfu"},
+     "iteration": {"roofline_s", "generation_s", "forwards_s", "update_s", "update_mfu",
+                   "update_flops_counted"},
      "state_bytes", "model", "shapes", "chip", "notes", "search" (when something does not fit)}
 
 docs/scale.md says how to read it and what the estimate leaves out.

@@ -113,6 +113,11 @@ def text(plan: dict) -> str:
             f"{_s(it['generation_s'])} + forwards {_s(it['forwards_s'])} + update "
             f"{_s(it['update_s'])}; update MFU at the roofline "
             f"{'-' if mfu is None else f'{mfu:.1%}'}"]
+  counted = it.get("update_flops_counted")
+  if counted is not None and counted < 1:
+    lines.append(f"note: the update's compiled FLOPs count {counted:.0%} of its model FLOPs "
+                 "(loops whose trip count the HLO does not state are counted once); its "
+                 "time is set by the model FLOPs")
   lines += [f"note: {n}" for n in plan["notes"]]
   lines += _not_fitting(plan)
   return "\n".join(lines)
