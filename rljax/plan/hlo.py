@@ -120,23 +120,32 @@ def _kind(opcode: str, computation: str) -> str | None:
   return base
 
 
+def executed(text: str):
+  """(instruction match, line, executions per program call) of every instruction of the
+  optimized HLO `text` in a computation that runs, loops counted by their trip counts."""
+  comps = computations(text)
+  mult, _ = multipliers(comps)
+  for name, (_, lines) in comps.items():
+    if mult.get(name):
+      for line in lines:
+        instr = _INSTR.match(line)
+        if instr:
+          yield instr, line, name, mult[name]
+
+
 def collectives(text: str) -> dict:
   """{kind: {"count", "bytes"}} over one call of the program: each collective's count and
   the bytes of the whole array it gathers, reduces or exchanges (per device)."""
-  comps = computations(text)
-  mult, _ = multipliers(comps)
   out = {}
-  for name, (_, lines) in comps.items():
-    for line in lines:
-      instr = _INSTR.match(line)
-      kind = _kind(instr.group(3), name) if instr else None
-      if kind is None or mult.get(name, 0) == 0:
-        continue
-      sizes = shape_bytes(instr.group(2))
-      size = max(sizes, default=0) if instr.group(3).endswith("-start") else sum(sizes)
-      entry = out.setdefault(kind, {"count": 0, "bytes": 0.0})
-      entry["count"] += int(mult[name])
-      entry["bytes"] += size * mult[name]
+  for instr, _, name, times in executed(text):
+    kind = _kind(instr.group(3), name)
+    if kind is None:
+      continue
+    sizes = shape_bytes(instr.group(2))
+    size = max(sizes, default=0) if instr.group(3).endswith("-start") else sum(sizes)
+    entry = out.setdefault(kind, {"count": 0, "bytes": 0.0})
+    entry["count"] += int(times)
+    entry["bytes"] += size * times
   return out
 
 
@@ -144,15 +153,11 @@ def pallas_kernels(text: str) -> dict:
   """{kernel: calls per program call} of the Pallas kernels (`tpu_custom_call`s) in the
   optimized HLO `text`, each named by its instruction (e.g. splash attention's
   "splash_mha_fwd_segmented_residuals"), loops counted by their trip counts."""
-  comps = computations(text)
-  mult, _ = multipliers(comps)
   out = {}
-  for name, (_, lines) in comps.items():
-    for line in lines:
-      instr = _INSTR.match(line)
-      if instr and mult.get(name) and 'custom_call_target="tpu_custom_call"' in line:
-        kernel = re.sub(r"(\.\d+|\.clone)+$", "", instr.group(1))
-        out[kernel] = out.get(kernel, 0) + int(mult[name])
+  for instr, line, _, times in executed(text):
+    if 'custom_call_target="tpu_custom_call"' in line:
+      kernel = re.sub(r"(\.\d+|\.clone)+$", "", instr.group(1))
+      out[kernel] = out.get(kernel, 0) + int(times)
   return out
 
 
