@@ -68,31 +68,29 @@ def distill_teacher_dir(config) -> str:
   return str(config.algo.distill_teacher).replace("{seed}", str(config.run.seed))
 
 
-def model_positions(config) -> int:
-  """The policy's position limit: the `max_position_embeddings` of `model.hf_config` (a
-  preset or a config.json) or of `model.hf_path`'s config.json when set and readable
-  (validation reports an unreadable hf_config), else `model.max_position_embeddings`."""
+def _hf_config(config) -> dict | None:
+  """The config.json of `model.hf_config` (a preset or a path) or of `model.hf_path`, when
+  set and readable (validation reports an unreadable hf_config)."""
   source = config.model.hf_config or config.model.hf_path
-  if source:
-    try:
-      return int(hf_config_dict(source).get("max_position_embeddings", 4096))
-    except ValueError:
-      pass
-  return int(config.model.max_position_embeddings)
+  try:
+    return hf_config_dict(source) if source else None
+  except ValueError:
+    return {}
+
+
+def model_positions(config) -> int:
+  """The policy's position limit: `max_position_embeddings` of its Hugging Face config when
+  it has one, else `model.max_position_embeddings`."""
+  hf = _hf_config(config)
+  return int(hf.get("max_position_embeddings", 4096) if hf else config.model.max_position_embeddings)
 
 
 def policy_experts(config) -> int:
-  """E, the routed experts of the policy's MoE layers (0 for a dense policy): from
-  `model.hf_config` / `model.hf_path`'s config.json when set and readable, else
-  `model.num_experts`."""
-  source = config.model.hf_config or config.model.hf_path
-  if source:
-    try:
-      hf = hf_config_dict(source)
-    except ValueError:
-      return 0
-    return int(hf.get("num_experts", hf.get("num_local_experts")) or 0)
-  return int(config.model.num_experts)
+  """E, the routed experts of the policy's MoE layers (0 for a dense policy)."""
+  hf = _hf_config(config)
+  if hf is None:
+    return int(config.model.num_experts)
+  return int(hf.get("num_experts", hf.get("num_local_experts")) or 0)
 
 
 def completion_columns(config) -> int:
