@@ -17,7 +17,8 @@ from rljax.train.config.fields import Group
 
 ROOT = pathlib.Path(__file__).parent.parent / "rljax"
 # config field -> the spec attribute (or derived value) the trainer reads instead
-SPEC_NAMES = {"algo.dynamic_sampling_max_rounds": "max_rounds", "algo.kl_placement": "has_reference",
+SPEC_NAMES = {"algo.dynamic_sampling_max_rounds": "max_rounds",
+              "algo.kl_placement": "has_reference",
               "sampling.max_total_tokens": "completion_columns",
               "algo.advantage": "estimator", "algo.adv_eps": "eps",
               "algo.whiten_advantages": "whiten", "sft.max_len": "completion_len",

@@ -41,7 +41,7 @@ def eval_set(source: str = "heldout", **fields) -> ConfigDict:
       prompts of a synthetic task, e.g. "arithmetic:5" = 6-term chains) | a JSONL file
       ("*.jsonl", rows {"prompt", "answer"}).
   """
-  defaults = dataclasses.asdict(EvalSetSpec(source=source))
+  defaults = {f.name: f.default for f in dataclasses.fields(EvalSetSpec)} | {"source": source}
   unknown = sorted(set(fields) - set(EVAL_SET_FIELDS))
   if unknown:
     raise TypeError(f"eval_set() got unknown fields {unknown}; its fields: {EVAL_SET_FIELDS}")
@@ -82,7 +82,8 @@ def model_positions(config) -> int:
   """The policy's position limit: `max_position_embeddings` of its Hugging Face config when
   it has one, else `model.max_position_embeddings`."""
   hf = _hf_config(config)
-  return int(hf.get("max_position_embeddings", 4096) if hf else config.model.max_position_embeddings)
+  return int(hf.get("max_position_embeddings", 4096) if hf
+             else config.model.max_position_embeddings)
 
 
 def policy_experts(config) -> int:

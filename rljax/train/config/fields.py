@@ -75,7 +75,8 @@ class Group:
   """A concern of the config: its fields, their defaults and docs, and its own checks.
 
   Building one runs the one coercion every field gets (an int into a `float` field, a list
-  into a `tuple` field, a group into a `dict` field) and its `check`; problems raise one `ConfigError` naming each field.
+  into a `tuple` field, a group into a `dict` field), each field's rule and the concern's
+  `check`; the problems raise one `ConfigError` naming each field.
   """
 
   SECTION: ClassVar[str] = ""

@@ -3,8 +3,8 @@
 `rljax.train.config.from_config.build_specs(config)` builds them once from a validated
 config, filling each spec's fields by name from the concerns; everything after it receives
 specs (hashable, so the jitted parts can take them as static arguments). A concern that is
-its own spec (`RunSpec`, `EvalSetSpec`, `TokenWeightSpec`, `PolicySourcesSpec`) is declared once, beside
-its config fields; `ShapingSpec` is the `Shaping` concern plus the values derived at build.
+its own spec (`RunSpec`, `EvalSetSpec`, `TokenWeightSpec`, `PolicySourcesSpec`) is declared
+once, with its config fields; `ShapingSpec` is the `Shaping` concern plus derived values.
 """
 
 from __future__ import annotations
