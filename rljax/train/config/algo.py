@@ -112,7 +112,8 @@ class PolicySourcesSpec(Group):
         (self.reference_offload and placement == "none", "algo.reference_offload=True but "
          "algo.kl_placement='none': there is no reference model to offload"),
         (self.ref_refresh != "none" and placement == "none", f"algo.ref_refresh="
-         f"{self.ref_refresh!r} but algo.kl_placement='none': there is no reference to refresh"),
+         f"{self.ref_refresh!r} but algo.kl_placement='none': there is no reference model to "
+         "refresh"),
         (self.ref_refresh != "none" and not (isinstance(self.ref_refresh_every, int)
                                              and self.ref_refresh_every >= 1),
          f"algo.ref_refresh_every={self.ref_refresh_every!r} must be an int >= 1 when "

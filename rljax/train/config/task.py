@@ -70,7 +70,8 @@ class Task(Group):
            f"needs a synthetic task ({sorted(TASKS)}), not task.name={self.name!r}")
     for name, source in (("jsonl_path", "jsonl"), ("hf_path", "hf_dataset"),
                          ("tfds_name", "tfds")):
-      c.need(self.name != source or getattr(self, name), name, f"is empty but task.name={source!r}")
+      if self.name == source and not getattr(self, name):
+        c.problems.append(f"task.{name} is empty but task.name={source!r}")
     c.need(not self.prompt_template or "{prompt}" in self.prompt_template, "prompt_template",
            "must contain '{prompt}'")
     c.need((self.name == "python") == bool(self.python), "python",
