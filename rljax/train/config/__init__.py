@@ -9,6 +9,7 @@ reads: nothing after `rljax.train.run.build` holds the ConfigDict.
 from ml_collections import ConfigDict
 
 from rljax.train.config.defaults import base_config, completion_columns, eval_set
+from rljax.train.config.fields import ConfigError
 from rljax.train.config.loading import (
     apply_overrides,
     import_experiment,
@@ -16,7 +17,7 @@ from rljax.train.config.loading import (
     parse_override_value,
     saved_config,
 )
-from rljax.train.config.validation import ConfigError, validate
+from rljax.train.config.validation import validate
 
 __all__ = [
     "ConfigDict", "ConfigError", "apply_overrides", "base_config", "completion_columns",

@@ -1,9 +1,10 @@
 """Small frozen specs, one per concern: what the runtime reads instead of the config.
 
 `rljax.train.config.from_config.build_specs(config)` builds them once from a validated
-config; everything after it receives specs (hashable, so the jitted parts can take them as
-static arguments). The config's field names stay the public override API; the specs name
-what the code needs.
+config, filling each spec's fields by name from the concerns; everything after it receives
+specs (hashable, so the jitted parts can take them as static arguments). A concern that is
+its own spec (`RunSpec`, `EvalSetSpec`, `TokenWeightSpec`, `PolicySourcesSpec`) is declared
+once, with its config fields; `ShapingSpec` is the `Shaping` concern plus derived values.
 """
 
 from __future__ import annotations
@@ -11,23 +12,23 @@ from __future__ import annotations
 import dataclasses
 
 from rljax.ops.policy_loss import PolicyLossSpec
+from rljax.train.config.algo import PolicySourcesSpec, Shaping, TokenWeightSpec
+from rljax.train.config.groups import EvalSetSpec, RunSpec
+
+__all__ = [
+    "AdvantageSpec", "DistillSpec", "EpisodeSpec", "EvalSetSpec", "LossSpec",
+    "PolicySourcesSpec", "RejectionSFTSpec", "RolloutSpec", "RunSpec", "SFTSpec",
+    "ScheduleSpec", "ShapingSpec", "Specs", "TokenWeightSpec",
+]
 
 
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-  """Run directory, seed, iteration count, checkpoints, evaluation cadence and logging."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShapingSpec(Shaping):
+  """What is added to the verifier's score before advantages (`rljax.ops.shaping`): the
+  `algo` shaping fields, the group size and the completion columns."""
 
-  dir: str
-  seed: int
-  sample_stream: int
-  iterations: int
-  save_every: int
-  keep_checkpoints: int
-  eval_every: int
-  max_nonfinite_in_row: int
-  progress: bool
-  plots: bool
-  tensorboard: bool
+  group: int
+  max_len: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,63 +76,6 @@ class RolloutSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShapingSpec:
-  """What is added to the verifier's score before advantages (`rljax.ops.shaping`)."""
-
-  group: int
-  max_len: int
-  missing_eos_penalty: float
-  repetition_penalty: float
-  repetition_ngram: int
-  soft_overlong: bool
-  overlong_cache_len: int
-  length_penalty: float
-  reward_norm: bool
-  reward_clip: float
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicySourcesSpec:
-  """Where the old policy's and the reference's log-probs come from, train-inference
-  correction, and the KL penalty to the reference."""
-
-  old_logp_source: str         # recompute | sampler | update
-  is_correction: str           # none | tis | icepop
-  is_level: str
-  tis_cap: float
-  icepop_low: float
-  icepop_high: float
-  off_policy_correction: str   # none | tis | decoupled (stale samples)
-  kl_placement: str            # none | reward | loss
-  kl_estimator: str
-  kl_coef: float
-  kl_controller: str
-  kl_target: float
-  kl_horizon: int
-  reference_offload: bool
-  ref_refresh: str             # none | mix | reset
-  ref_refresh_every: int
-  ref_mix_alpha: float
-  ref_reset_optimizer: bool
-
-  @property
-  def has_reference(self) -> bool:
-    return self.kl_placement != "none"
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenWeightSpec:
-  """Per-token and per-row weighting of the update batch."""
-
-  psr_weight: float
-  nsr_weight: float
-  high_entropy_fraction: float
-  overlong_filter: bool
-  pf_ppo: str
-  pf_ppo_power: float
-
-
-@dataclasses.dataclass(frozen=True)
 class DistillSpec:
   """On-policy distillation from a frozen teacher (`rljax.ops.distill`)."""
 
@@ -141,19 +85,6 @@ class DistillSpec:
   coef: float
   mode: str                    # advantage | reward
   only: bool                   # the teacher is the only signal (no task reward)
-  teacher_dtype: str           # "" (the teacher's own) | float32 | bfloat16
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSetSpec:
-  """One named evaluation set of `eval.sets` (other than the run's own `heldout`)."""
-
-  name: str
-  source: str                  # heldout | NAME[:LEVEL] (a synthetic task) | a .jsonl file
-  size: int                    # prompts (0: all of the source's)
-  greedy: bool
-  temperature: float
-  k: int                       # samples per prompt (avg@k, pass@1..k)
 
 
 @dataclasses.dataclass(frozen=True)

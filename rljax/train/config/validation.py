@@ -1,159 +1,29 @@
 """Config validation, once, before anything compiles.
 
-Every problem is reported by field name with the allowed values; all problems are
-collected and raised together as one `ConfigError`.
+Each concern checks its own fields when it is read (`rljax.train.config.fields.Group`); this
+module adds the rules that span concerns (`rljax.train.config.rules`), the evaluation sets
+and the device mesh. Every problem is reported by field name; all problems are collected
+and raised together as one `ConfigError`.
 """
 
 from __future__ import annotations
 
 import jax
 
-from rljax.data.samplers import SAMPLERS
-from rljax.data.tasks import TASKS
-from rljax.models.config import ATTENTION_IMPLEMENTATIONS
-from rljax.ops import advantages_group, mismatch
-from rljax.ops.aggregate import AGGREGATION_MODES
-from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
-from rljax.ops.kl import KL_ESTIMATORS
-from rljax.ops.policy_loss import POLICY_LOSSES, RATIO_LEVELS
 from rljax.parallel.mesh import select_devices
-from rljax.train.config import checks
-from rljax.train.config.checks_distill_eval import check_distill, check_eval_sets
-from rljax.train.config.defaults import completion_columns, model_positions
+from rljax.train.config import algo, groups, rules, task
+from rljax.train.config.defaults import (
+    EVAL_SET_FIELDS,
+    completion_columns,
+    model_positions,
+    resolved_eval_sets,
+)
+from rljax.train.config.fields import ConfigError, problems
 
-PF_PPO_METHODS = ("none", *advantages_group.PF_PPO_METHODS)
-REF_REFRESH_MODES = ("none", "mix", "reset")
-KL_PLACEMENTS = ("none", "reward", "loss")
-KL_CONTROLLERS = ("fixed", "adaptive")
-IS_CORRECTIONS = ("none", "tis", "icepop")
-OLD_LOGP_SOURCES = ("recompute", "sampler", "update")
-OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
-DTYPES = ("float32", "bfloat16")
-SAMPLER_DTYPES = ("", "float32", "bfloat16")
-TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds", "python")
-REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+__all__ = ["ConfigError", "validate"]
 
-
-class ConfigError(ValueError):
-  """A config has one or more invalid fields; the message names each one."""
-
-
-def _choice(errors, config, dotted, allowed):
-  value = _get(config, dotted)
-  if value not in allowed:
-    errors.append(f"{dotted}={value!r} is not one of {list(allowed)}")
-
-
-def _get(config, dotted):
-  node = config
-  for part in dotted.split("."):
-    node = node[part]
-  return node
-
-
-def _check(errors, ok, message):
-  if not ok:
-    errors.append(message)
-
-
-def _check_choices(errors, c):
-  for dotted, allowed in (
-      ("algo.advantage", ADVANTAGE_ESTIMATORS), ("algo.policy_loss", POLICY_LOSSES),
-      ("algo.ratio_level", RATIO_LEVELS), ("algo.loss_agg", AGGREGATION_MODES),
-      ("algo.kl_placement", KL_PLACEMENTS), ("algo.kl_estimator", KL_ESTIMATORS),
-      ("algo.kl_controller", KL_CONTROLLERS), ("algo.is_correction", IS_CORRECTIONS),
-      ("algo.is_level", mismatch.LEVELS), ("algo.old_logp_source", OLD_LOGP_SOURCES),
-      ("task.prompt_sampler", SAMPLERS), ("algo.gpg_alpha", advantages_group.GPG_ALPHA),
-      ("algo.gdpo_whiten_over", advantages_group.GDPO_WHITEN_OVER),
-      ("model.dtype", DTYPES), ("model.param_dtype", DTYPES),
-      ("model.attention", ATTENTION_IMPLEMENTATIONS),
-      ("sampling.sampler_dtype", SAMPLER_DTYPES),
-      ("task.reward_on_failure", ("score_failure", "raise")),
-      ("task.long_prompts", ("reject", "truncate")),
-      ("task.name", TASK_NAMES), ("algo.pf_ppo", PF_PPO_METHODS),
-      ("task.reward_fns_mode", ("replace", "add")),
-      ("algo.reward_aggregation", REWARD_AGGREGATIONS),
-      ("algo.ref_refresh", REF_REFRESH_MODES),
-      ("algo.off_policy_correction", OFF_POLICY_CORRECTIONS),
-  ):
-    _choice(errors, c, dotted, allowed)
-
-
-def _check_ranges(errors, c):
-  a, s, o = c.algo, c.sampling, c.optim
-  _check(errors, 0.0 <= a.eps_low < 1.0, f"algo.eps_low={a.eps_low} must be in [0, 1)")
-  _check(errors, a.eps_high >= 0.0, f"algo.eps_high={a.eps_high} must be >= 0")
-  _check(errors, a.dual_clip == 0 or a.dual_clip > 1,
-         f"algo.dual_clip={a.dual_clip} must be 0 (off) or > 1")
-  _check(errors, a.ratio_cap == 0 or a.ratio_cap > 1,
-         f"algo.ratio_cap={a.ratio_cap} must be 0 (off) or > 1")
-  _check(errors, 0.0 <= a.gamma <= 1.0, f"algo.gamma={a.gamma} must be in [0, 1]")
-  _check(errors, 0.0 <= a.lam <= 1.0, f"algo.lam={a.lam} must be in [0, 1]")
-  _check(errors, a.kl_coef >= 0, f"algo.kl_coef={a.kl_coef} must be >= 0")
-  _check(errors, 0.0 <= a.high_entropy_fraction <= 1.0,
-         f"algo.high_entropy_fraction={a.high_entropy_fraction} must be in [0, 1]")
-  _check(errors, a.tis_cap > 0, f"algo.tis_cap={a.tis_cap} must be > 0")
-  _check(errors, 0 <= a.icepop_low < 1 < a.icepop_high,
-         f"algo.icepop_low/high=({a.icepop_low}, {a.icepop_high}) must satisfy 0 <= low < 1 < high")
-  _check(errors, 0.0 <= c.task.scratchpad_fraction <= 1.0,
-         f"task.scratchpad_fraction={c.task.scratchpad_fraction} must be in [0, 1]")
-  _check(errors, c.sft.worked_steps >= 0,
-         f"sft.worked_steps={c.sft.worked_steps} must be >= 0 (capped at sft.steps)")
-  _check(errors, c.sft.max_len >= 0,
-         f"sft.max_len={c.sft.max_len} must be >= 0 (0: sampling.max_new_tokens)")
-  _check(errors, s.temperature > 0, f"sampling.temperature={s.temperature} must be > 0")
-  _check(errors, isinstance(s.slots, int) and s.slots >= 0,
-         f"sampling.slots={s.slots!r} must be an int >= 0 (0: all rows)")
-  _check(errors, 0 < s.top_p <= 1, f"sampling.top_p={s.top_p} must be in (0, 1]")
-  _check(errors, s.top_k >= 0, f"sampling.top_k={s.top_k} must be >= 0 (0: off)")
-  _check(errors, 0 <= s.min_p < 1, f"sampling.min_p={s.min_p} must be in [0, 1)")
-  _check(errors, s.max_new_tokens >= 1, f"sampling.max_new_tokens={s.max_new_tokens} must be >= 1")
-  _check(errors, a.gpg_f_norm > 0, f"algo.gpg_f_norm={a.gpg_f_norm} must be > 0")
-  _check(errors, a.pf_ppo_power > 0, f"algo.pf_ppo_power={a.pf_ppo_power} must be > 0")
-  _check(errors, s.n >= 1, f"sampling.n={s.n} must be >= 1")
-  _check(errors, s.eval_n >= 0, f"sampling.eval_n={s.eval_n} must be >= 0")
-  _check(errors, s.eval_passk_n == 0 or s.eval_passk_n > s.eval_n,
-         f"sampling.eval_passk_n={s.eval_passk_n} must be 0 (off) or > sampling.eval_n="
-         f"{s.eval_n}")
-  _check(errors, s.eval_passk_prompts >= 0,
-         f"sampling.eval_passk_prompts={s.eval_passk_prompts} must be >= 0 (0: all)")
-  _check(errors, s.prompts_per_iteration >= 1,
-         f"sampling.prompts_per_iteration={s.prompts_per_iteration} must be >= 1")
-  for name in ("actor_lr", "critic_lr"):
-    _check(errors, o[name] > 0, f"optim.{name}={o[name]} must be > 0")
-  _check(errors, o.grad_clip >= 0, f"optim.grad_clip={o.grad_clip} must be >= 0 (0: off)")
-  _check(errors, c.run.iterations >= 0, f"run.iterations={c.run.iterations} must be >= 0")
-  _check(errors, c.run.keep_checkpoints >= 1,
-         f"run.keep_checkpoints={c.run.keep_checkpoints} must be >= 1")
-  _check(errors, c.run.max_nonfinite_in_row >= 1,
-         f"run.max_nonfinite_in_row={c.run.max_nonfinite_in_row} must be >= 1")
-
-
-def _check_mesh(errors, c, num_devices):
-  p = c.parallel
-  sizes = [p.data, p.fsdp, p.tensor]
-  if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
-    errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
-                  ">= 1, at most one may be -1 (all remaining devices)")
-    return
-  fixed = 1
-  for v in sizes:
-    fixed *= v if v > 0 else 1
-  if num_devices % fixed:
-    errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
-    return
-  sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
-  data, fsdp = sizes[0], sizes[1]
-  if sizes[0] * sizes[1] * sizes[2] != num_devices:
-    errors.append(f"parallel: data*fsdp*tensor={sizes[0] * sizes[1] * sizes[2]} must equal "
-                  f"the {num_devices} devices")
-    return
-  batch_axes = data * fsdp
-  split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
-  micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
-  if micro % batch_axes:
-    errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
-                  f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
+GROUPS = (groups.RunSpec, groups.Model, groups.SFT, groups.Optim, groups.Parallel,
+          groups.Plan, task.Task, task.Sampling, *algo.CONCERNS)
 
 
 def validate(config, *, num_devices: int | None = None, max_positions: int | None = None):
@@ -165,12 +35,55 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
     max_positions: the model's position limit, when known (checked against prompt +
       completion length).
   """
-  errors: list[str] = []
-  _check_choices(errors, config)
-  _check_ranges(errors, config)
-  checks.check_combinations(errors, config)
-  check_distill(errors, config)     # algo.distill_*
-  check_eval_sets(errors, config)   # eval.sets
+  errors: list[str] = [p for group in GROUPS for p in problems(group, config)]
+  columns = completion_columns(config)
+  for rule in rules.RULES:
+    errors += [message for bad, message in rule(config, columns) if bad]
+  _check_eval_sets(errors, config)
+  _check_devices(errors, config, num_devices)
+  limit = max_positions or model_positions(config)
+  if columns >= limit:
+    errors.append(f"sampling.max_new_tokens={columns} leaves no room for the prompt within "
+                  f"the model's {limit} positions")
+  if errors:
+    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors), errors)
+  return config
+
+
+def _check_eval_sets(errors, c):
+  """Every `eval.sets` entry is a group of known fields, valid once resolved; the held-out
+  set keeps the run's own split."""
+  sets, first = c.eval.sets, len(errors)
+  if "heldout" not in sets:
+    errors.append("eval.sets.heldout is missing: it is the run's held-out result "
+                  "(heldout_* in result.json)")
+  for name, entry in sets.items():
+    if not hasattr(entry, "keys"):
+      errors.append(f"eval.sets.{name}={entry!r} must be a group "
+                    "(rljax.train.config.eval_set(...))")
+      continue
+    unknown = sorted(set(entry.keys()) - set(EVAL_SET_FIELDS))
+    if unknown:
+      errors.append(f"eval.sets.{name} has unknown fields {unknown}; its fields: "
+                    f"{list(EVAL_SET_FIELDS)}")
+  if len(errors) > first:
+    return
+  for name, f in resolved_eval_sets(c).items():
+    try:
+      groups.EvalSetSpec(name=name, **f)
+    except ConfigError as e:
+      errors += e.problems
+  held = resolved_eval_sets(c)["heldout"]
+  if held["source"] != "heldout" or held["greedy"] is not True:
+    errors.append("eval.sets.heldout is the run's held-out result (heldout_acc_* in "
+                  "result.json): it keeps source='heldout' and greedy=True")
+  if isinstance(held["size"], int) and held["size"] > c.task.heldout_size:
+    errors.append(f"eval.sets.heldout.size={held['size']} exceeds task.heldout_size="
+                  f"{c.task.heldout_size}, the held-out split")
+
+
+def _check_devices(errors, config, num_devices):
+  """parallel.num_devices and the sampler's own devices against the devices there are."""
   available = jax.device_count() if num_devices is None else num_devices
   requested = config.parallel.num_devices
   if requested < 0 or requested > available:
@@ -188,10 +101,29 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
                   f"{devices} devices")
   else:
     _check_mesh(errors, config, devices - max(sampler, 0))
-  limit = max_positions or model_positions(config)
-  if completion_columns(config) >= limit:
-    errors.append(f"sampling.max_new_tokens={completion_columns(config)} leaves no room for "
-                  f"the prompt within the model's {limit} positions")
-  if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
-  return config
+
+
+def _check_mesh(errors, c, num_devices):
+  p = c.parallel
+  sizes = [p.data, p.fsdp, p.tensor]
+  if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
+    errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
+                  ">= 1, at most one may be -1 (all remaining devices)")
+    return
+  fixed = 1
+  for v in sizes:
+    fixed *= v if v > 0 else 1
+  if num_devices % fixed:
+    errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
+    return
+  sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
+  if sizes[0] * sizes[1] * sizes[2] != num_devices:
+    errors.append(f"parallel: data*fsdp*tensor={sizes[0] * sizes[1] * sizes[2]} must equal "
+                  f"the {num_devices} devices")
+    return
+  batch_axes = sizes[0] * sizes[1]
+  split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
+  micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
+  if micro % batch_axes:
+    errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
+                  f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
