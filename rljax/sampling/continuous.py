@@ -18,7 +18,6 @@ whichever slot it ran in, and in either sampler (up to float summation order).
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import chex
@@ -29,12 +28,11 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from rljax.models import KVCache
-from rljax.parallel import BATCH_AXES, batch_sharding
+from rljax.parallel import BATCH_AXES, batch_sharding, batch_shards
 from rljax.sampling import buckets
 from rljax.sampling.decode import (
   Decoded,
   check_prompts,
-  data_shards,
   decode_forward,
   decode_segments,
   fused_weights,
@@ -310,7 +308,7 @@ def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, streams_r2, nu
     return slot_loop(nnx.merge(graphdef, state), tokens_rw, mask_rw, prompt_id_r, streams_r2,
                      num_rows, rng, scalars_3, slots=slots, **kwargs)
   axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-  shards = math.prod(mesh.shape[a] for a in axes)
+  shards = batch_shards(mesh)
   rows = P(axes)
   per_shard = total // shards
 
@@ -394,7 +392,7 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
     raise ValueError(f"slots={slots} must be >= 1")
   tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
   b, width = tokens_bp.shape
-  shards = data_shards(mesh)
+  shards = batch_shards(mesh)
   rows = buckets.round_up(b, batch_bucket, multiple_of=shards)
   w = buckets.round_up(width, prompt_bucket)
   tokens_bw, mask_bw = buckets.pad_prompts(tokens_bp, mask_bp, rows=rows, width=w,

@@ -349,12 +349,6 @@ def _batch_sharding(mesh):
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes or None))
 
 
-def data_shards(mesh) -> int:
-  if mesh is None:
-    return 1
-  return int(np.prod([mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names]))
-
-
 def place_rows(mesh, tokens_rw, mask_rw, state):
   """Puts rows on the mesh's batch axes; parameters not yet on the mesh get the shardings of
   their logical axes (`rljax.parallel.state_shardings`)."""
