@@ -11,7 +11,7 @@ beside the step checkpoints (`save` / `restore`). On-policy distillation's froze
 (`Teacher`) lives beside them, outside the TrainState.
 """
 
-from rljax.train.params.room import Params
+from rljax.train.params.model_params import Params
 from rljax.train.params.state import (
     TrainState,
     clipped_adamw,
