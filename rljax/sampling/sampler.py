@@ -19,15 +19,13 @@ from rljax.sampling import buckets
 from rljax.sampling.decode import (
   Decoded,
   DecodeSpec,
-  check_prompts,
   decode_segments,
-  place_rows,
   spec_and_scalars,
-  split_for_sampling,
   step_sampler,
 )
 from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
+from rljax.sampling.prepare import check_prompts, place_rows, split_for_sampling
 from rljax.sampling.rollout import Rollout
 
 
