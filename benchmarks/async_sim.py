@@ -88,7 +88,7 @@ BATCHING = ("static", "halving", "continuous")
 SAMPLER_SCALING = ("data_parallel", "linear")
 UPDATE_LAYOUTS = ("padded", "packed")
 STALENESS = (0, 1, 2, 4)
-DRAIN_LEVELS = 4   # slot halvings of rljax's continuous sampler (rljax.sampling.continuous)
+DRAIN_LEVELS = 4   # slot halvings of rljax's continuous sampler (rljax.sampling.slot_loop)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The 2026 policy losses (rljax.ops.policy_loss_gated) against NumPy references of their
-papers' equations, gradient tests (SAPO's gate, GMPO's clip, DPPO's mask) and relations
-to their older siblings (token PPO, GSPO, REINFORCE)."""
+"""The 2026 policy losses (rljax.ops.policy_loss_gated, policy_loss_sequence) against NumPy
+references of their papers' equations, gradient tests (SAPO's gate, GMPO's clip, DPPO's mask)
+and relations to their older siblings (token PPO, GSPO, REINFORCE)."""
 
 import math
 
@@ -11,6 +11,7 @@ import pytest
 from tolerances import assert_close_f32
 
 from rljax.ops import policy_loss_gated as gated
+from rljax.ops import policy_loss_sequence as sequence
 from rljax.ops.aggregate import aggregate
 from rljax.ops.policy_loss import POLICY_LOSSES, get_policy_loss, policy_loss, reinforce_loss
 
@@ -110,7 +111,7 @@ def np_gmpo(logp, old, adv_b, mask, eps_low, eps_high):
 def test_gmpo_matches_numpy_reference_per_sequence():
   logp, old, _ = _inputs(4)
   adv_b = np.array([1.3, -0.7, 0.4, 2.0], np.float32)
-  got, diag = gated.gmpo_loss(logp, old, adv_b, MASK, eps_low=0.2, eps_high=0.3)
+  got, diag = sequence.gmpo_loss(logp, old, adv_b, MASK, eps_low=0.2, eps_high=0.3)
   want = np_gmpo(logp, old, adv_b, MASK, 0.2, 0.3)
   for i in range(3):
     np.testing.assert_allclose(np.asarray(got)[i, MASK[i] > 0], want[i], rtol=1e-5)
@@ -128,11 +129,11 @@ def test_gmpo_on_length_one_sequences_is_token_ppo_with_exponential_bounds():
   logp = rng.uniform(-2, -0.1, (16, 1)).astype(np.float32)
   old = (logp - rng.normal(0, 0.5, (16, 1))).astype(np.float32)
   adv_b = rng.normal(size=16).astype(np.float32)
-  got, _ = gated.gmpo_loss(logp, old, adv_b, mask, eps_low=0.2, eps_high=0.3)
+  got, _ = sequence.gmpo_loss(logp, old, adv_b, mask, eps_low=0.2, eps_high=0.3)
   ppo, _ = policy_loss(logp, old, adv_b, mask, eps_low=1 - math.exp(-0.2),
                        eps_high=math.exp(0.3) - 1)
   np.testing.assert_allclose(got, ppo, rtol=1e-5, atol=1e-6)
-  g1 = _grad(gated.gmpo_loss, logp, old, adv_b, mask=mask, eps_low=0.2, eps_high=0.3)
+  g1 = _grad(sequence.gmpo_loss, logp, old, adv_b, mask=mask, eps_low=0.2, eps_high=0.3)
   g2 = _grad(policy_loss, logp, old, adv_b, mask=mask, eps_low=1 - math.exp(-0.2),
              eps_high=math.exp(0.3) - 1)
   np.testing.assert_allclose(g1, g2, rtol=1e-4, atol=1e-6)
@@ -144,12 +145,12 @@ def test_gmpo_clip_stops_only_the_clipped_tokens_gradient():
   old = logp - np.array([[0.0, 0.1, 0.5, -0.1]], np.float32)      # ℓ = (0, .1, .5, −.1)
   mask = np.ones_like(logp)
   adv = np.array([2.0], np.float32)
-  g = _grad(gated.gmpo_loss, logp, old, adv, mask=mask, eps_low=0.2, eps_high=0.2,
+  g = _grad(sequence.gmpo_loss, logp, old, adv, mask=mask, eps_low=0.2, eps_high=0.2,
             mode="seq_mean_token_mean")
   rho = math.exp((0.0 + 0.1 + 0.2 - 0.1) / 4)
   np.testing.assert_allclose(g, [[-2 * rho / 4, -2 * rho / 4, 0.0, -2 * rho / 4]], rtol=1e-5)
   # A < 0: the clip binds on the low side instead; the ℓ = 0.5 token keeps its gradient
-  g_neg = _grad(gated.gmpo_loss, logp, old, -adv, mask=mask, eps_low=0.05, eps_high=0.2,
+  g_neg = _grad(sequence.gmpo_loss, logp, old, -adv, mask=mask, eps_low=0.05, eps_high=0.2,
                 mode="seq_mean_token_mean")
   assert g_neg[0, 2] > 0 and g_neg[0, 3] == 0.0
 
@@ -187,22 +188,22 @@ def np_vespo_phi(logp, old, adv_b, mask, kp=2.0, lp=3.0, kn=3.0, ln=2.0):
 def test_vespo_weights_and_loss_match_reference():
   logp, old, _ = _inputs(8, spread=0.15)
   adv_b = np.array([1.0, -0.5, 0.3, 0.0], np.float32)
-  phi = gated.vespo_weights(logp, old, adv_b, MASK)
+  phi = sequence.vespo_weights(logp, old, adv_b, MASK)
   want = np_vespo_phi(logp, old, adv_b, MASK)
   np.testing.assert_allclose(phi, want, rtol=1e-4)
-  np.testing.assert_allclose(gated.vespo_weights(logp, logp, adv_b, MASK), 1.0, rtol=1e-6)
-  loss, _ = gated.vespo_loss(logp, old, adv_b, MASK)
+  np.testing.assert_allclose(sequence.vespo_weights(logp, logp, adv_b, MASK), 1.0, rtol=1e-6)
+  loss, _ = sequence.vespo_loss(logp, old, adv_b, MASK)
   np.testing.assert_allclose(loss, -want[:, None] * adv_b[:, None] * logp * MASK, rtol=1e-4,
                              atol=1e-6)
   # φ is a stop-gradient weight: ∇ = −φ·A
-  np.testing.assert_allclose(_grad(gated.vespo_loss, logp, old, adv_b),
+  np.testing.assert_allclose(_grad(sequence.vespo_loss, logp, old, adv_b),
                              -want[:, None] * adv_b[:, None] * MASK, rtol=1e-4, atol=1e-6)
 
 
 def test_luspo_is_gspo_weighted_by_length():
   logp, old, _ = _inputs(9, spread=0.1)
   adv_b = np.array([1.0, -2.0, 0.5, 1.0], np.float32)
-  got, _ = gated.luspo_loss(logp, old, adv_b, MASK, eps_low=0.05, eps_high=0.05)
+  got, _ = sequence.luspo_loss(logp, old, adv_b, MASK, eps_low=0.05, eps_high=0.05)
   gspo, _ = policy_loss(logp, old, adv_b, MASK, ratio_level="sequence", eps_low=0.05,
                         eps_high=0.05)
   np.testing.assert_allclose(got, gspo, rtol=1e-6)

@@ -62,6 +62,11 @@ def test_explained_variance():
   np.testing.assert_allclose(value.explained_variance(ret, ret, m), 1.0)
   assert float(value.explained_variance(v, np.ones_like(ret), m)) == 0.0  # Var[R] = 0
   assert float(value.explained_variance(v, ret, np.zeros_like(m))) == 0.0
+  # verl's definition (variances, ddof=1 as torch.var): a constant offset of the critic is
+  # explained; TRL's 1 − E[(v − R)²]/Var[R] would count it against the critic
+  verl = 1 - np.var(ret[sel] - v[sel] - 2.0, ddof=1) / np.var(ret[sel], ddof=1)
+  np.testing.assert_allclose(value.explained_variance(v + 2.0, ret, m), verl, rtol=1e-5)
+  np.testing.assert_allclose(value.explained_variance(ret + 2.0, ret, m), 1.0, atol=1e-6)
 
 
 # ---------- entropy ----------

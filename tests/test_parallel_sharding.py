@@ -14,6 +14,7 @@ from rljax.parallel import (
     LOGICAL_AXIS_RULES,
     assert_sharded,
     batch_sharding,
+    batch_shards,
     initialize_distributed,
     logical_to_mesh_spec,
     make_mesh,
@@ -42,6 +43,18 @@ def test_make_mesh_sizes():
   assert dict(make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
   with pytest.raises(ValueError, match="devices"):
     make_mesh(data=3, fsdp=1, tensor=1)
+
+
+def test_batch_shards_count_the_batch_axes_only():
+  assert batch_shards(None) == 1
+  assert batch_shards(make_mesh(data=2, fsdp=2, tensor=2)) == 4   # data x fsdp, not tensor
+  assert batch_shards(make_mesh(data=1, fsdp=1, tensor=8)) == 1
+  only_data = jax.make_mesh((8,), ("data",), devices=jax.devices())
+  assert batch_shards(only_data) == 8   # an axis the mesh lacks counts 1
+  rows = jnp.zeros((8, 3))
+  mesh = make_mesh(data=2, fsdp=2, tensor=2)
+  placed = jax.device_put(rows, batch_sharding(mesh, 2))   # what the count describes
+  assert len({str(s.index) for s in placed.addressable_shards}) == batch_shards(mesh)
 
 
 def test_every_parameter_has_known_logical_axes():

@@ -4,7 +4,8 @@ import json
 import os
 
 from rljax.data import Prompt
-from rljax.rewards.code import code_pass_rate_reward, extract_code, run_tests
+from rljax.rewards.code import extract_code, run_tests
+from rljax.rewards.user import user_reward_terms
 
 ADD = "def add(a, b):\n  return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
@@ -14,9 +15,10 @@ def test_pass_rate_of_a_program():
   r = run_tests(ADD, TESTS)
   assert (r.passed, r.total, r.status) == (2, 3, "ok") and abs(r.pass_rate - 2 / 3) < 1e-9
   assert run_tests("raise ValueError('x')", TESTS).passed == 0
-  reward = code_pass_rate_reward()
-  p = Prompt(id="c", text="write add", answer=json.dumps(TESTS[:2]), difficulty=1)
-  assert reward(p, f"Here:\n```python\n{ADD}```\n") == 1.0
+  [(name, reward, _)] = user_reward_terms(["rljax.rewards.code:code_pass_rate"])  # the config
+  p = Prompt(id="c", text="write add", answer=json.dumps(TESTS), difficulty=1)
+  assert name == "code_pass_rate"
+  assert abs(reward(p, f"Here:\n```python\n{ADD}```\n") - 2 / 3) < 1e-9
   assert extract_code("no fence") == "no fence"
 
 

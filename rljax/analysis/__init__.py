@@ -18,6 +18,12 @@ from rljax.analysis.effects import (
     paired_effect,
     pass_at_k_outcome,
 )
+from rljax.analysis.loss_weights import (
+    LossVariant,
+    as_variant,
+    effective_weights,
+    variant_from_config,
+)
 from rljax.analysis.passk import (
     avg_at_k,
     correct_counts,
@@ -36,13 +42,9 @@ from rljax.analysis.token_stats import (
 )
 from rljax.analysis.trick_impact import (
     ImpactReport,
-    LossVariant,
     SequenceBuckets,
-    as_variant,
-    effective_weights,
     format_impact_table,
     impact_report,
-    variant_from_config,
 )
 
 __all__ = [

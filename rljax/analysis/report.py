@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from rljax.analysis.loss_weights import as_variant
 from rljax.analysis.plots import plot_impact
 from rljax.analysis.runs import synthetic_batch
-from rljax.analysis.trick_impact import as_variant, format_impact_table, impact_report
+from rljax.analysis.trick_impact import format_impact_table, impact_report
 
 
 def _same_loss(a, b):

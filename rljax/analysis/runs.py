@@ -15,8 +15,8 @@ import types
 
 import numpy as np
 
+from rljax.analysis.loss_weights import variant_from_config
 from rljax.analysis.passk import curve_from_record
-from rljax.analysis.trick_impact import variant_from_config
 
 # The curves the DAPO authors say to watch (arXiv:2503.14476 §4.3: reward,
 # entropy, length) plus held-out accuracy, since training reward can rise while

@@ -1,7 +1,8 @@
 """Policy-gradient losses: PPO clip family (token / GSPO sequence / GSPO-token ratios,
-clip-higher, dual clip, ratio cap), CISPO, REINFORCE and Clip-Cov; the registry of every
-loss by name (`POLICY_LOSSES`, KL-Cov from `rljax.ops.policy_loss_cov`, the 2025-26 losses
-from `rljax.ops.policy_loss_gated`).
+clip-higher, dual clip, ratio cap) and Clip-Cov; the registry of every loss by name
+(`POLICY_LOSSES`: CISPO and REINFORCE from `rljax.ops.policy_loss_weighted`, KL-Cov from
+`rljax.ops.policy_loss_cov`, the 2025-26 losses from `rljax.ops.policy_loss_gated`; every
+kernel stays importable from here).
 
 Every loss has the signature `fn(logp, old_logp, advantages, mask, **hyper)` and returns
 `(loss_bt, PolicyLossDiagnostics)`: a per-token loss to *minimise* (the negated surrogate
@@ -23,10 +24,10 @@ from rljax.ops.policy_loss_common import PolicyLoss, PolicyLossDiagnostics  # no
 from rljax.ops.policy_loss_common import advantages_bt as _advantages_bt
 from rljax.ops.policy_loss_common import diagnostics as _diagnostics
 from rljax.ops.policy_loss_cov import clip_cov_mask, kl_cov_loss
+from rljax.ops.policy_loss_weighted import CISPO_CONVENTIONS, cispo_loss, reinforce_loss
 from rljax.ops.ratios import gspo_token_log_ratio, sequence_log_ratio, token_log_ratio
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token")
-CISPO_CONVENTIONS = ("two_sided", "absolute_cap")
 
 
 def _check_hyper(eps_low, eps_high, dual_clip, ratio_cap):
@@ -137,79 +138,6 @@ def policy_loss(logp, old_logp, advantages, mask, *, ratio_level="token", eps_lo
       clip_low_bt=(adv < 0) & (ratio < 1.0 - eps_low),
       clip_high_bt=high, clip_dual_bt=dual, ratio_cap_bt=capped)
   return jnp.where(mask > 0, loss, 0.0), diag
-
-
-def cispo_loss(logp, old_logp, advantages, mask, *, convention="two_sided", eps_low=None,
-               eps_high=0.2, cap=5.0):
-  """CISPO: clipped, stop-gradient IS weight times log-prob, L = −sg(ŵ)·A·logπ_θ.
-
-  MiniMax-M1 (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with
-  Lightning Attention", arXiv:2506.13585, Eqs. 4–5). Unlike PPO, a clipped token keeps its
-  gradient −ŵ·A·∇logπ; only the weight is bounded. Two parameterisations of ŵ exist
-  (verl `verl/trainer/ppo/core_algos.py` and TRL `trl/trainer/grpo_config.py`), chosen by name:
-    "two_sided"    ŵ = clip(r, 1 − ε_low, 1 + ε_high)  (paper Eq. 5, verl). `eps_low=None`
-                   means no lower bound, as the paper (and verl's example, ε_low = 10) use.
-    "absolute_cap" ŵ = min(r, cap)                     (TRL, `cap` = its `epsilon_high`,
-                   "recommended 5.0").
-
-  Note: the loss *value* −ŵ·A·logπ depends on the absolute log-prob; only its gradient is
-  meaningful. The paper normalises by the total token count: aggregate with "token_mean".
-  `clip_high_bt` marks r above the upper bound for any sign of A (TRL counts A > 0 only).
-
-  Args:
-    logp, old_logp: current / old log-probs of the sampled tokens, [B, T].
-    advantages: [B] or [B, T].
-    mask: completion mask, [B, T].
-    convention: "two_sided" or "absolute_cap".
-    eps_low: lower range for "two_sided" (None: no lower bound).
-    eps_high: upper range for "two_sided".
-    cap: absolute cap for "absolute_cap".
-  Returns:
-    (loss_bt [B, T], PolicyLossDiagnostics).
-  """
-  if convention not in CISPO_CONVENTIONS:
-    raise ValueError(f"Unknown CISPO convention {convention!r}; valid: {CISPO_CONVENTIONS}")
-  adv = _advantages_bt(advantages, mask)
-  log_r = token_log_ratio(logp, old_logp, mask)
-  ratio = jnp.exp(log_r)
-  if convention == "two_sided":
-    low = 0.0 if eps_low is None else 1.0 - eps_low
-    high = 1.0 + eps_high
-  else:
-    low, high = 0.0, cap
-  weight = jax.lax.stop_gradient(jnp.clip(ratio, low, high))
-  logp = jnp.where(mask > 0, logp.astype(jnp.float32), 0.0)
-  loss = -weight * adv * logp
-  diag = _diagnostics(mask, ratio, log_r, clip_low_bt=ratio < low, clip_high_bt=ratio > high)
-  return jnp.where(mask > 0, loss, 0.0), diag
-
-
-def reinforce_loss(logp, old_logp, advantages, mask, *, importance_weight=False):
-  """Vanilla policy gradient (REINFORCE): L = −w·A·logπ_θ with w = sg(r) or 1.
-
-  Williams 1992, "Simple statistical gradient-following algorithms for connectionist
-  reinforcement learning" (Machine Learning 8, no arXiv id), the REINFORCE rule
-  Δθ ∝ (R − b)·∇logπ; with
-  `importance_weight=True` the off-policy estimator −sg(r)·A·logπ, whose gradient equals
-  that of −r·A (Schulman et al. 2017, arXiv:1707.06347, Eq. 6, the CPI surrogate).
-
-  Note: the weight is not truncated; use `cispo_loss` for a truncated one.
-
-  Args:
-    logp, old_logp: current / old log-probs of the sampled tokens, [B, T].
-    advantages: [B] or [B, T].
-    mask: completion mask, [B, T].
-    importance_weight: multiply by the stop-gradient token ratio r = π_θ/π_old.
-  Returns:
-    (loss_bt [B, T], PolicyLossDiagnostics).
-  """
-  adv = _advantages_bt(advantages, mask)
-  log_r = token_log_ratio(logp, old_logp, mask)
-  ratio = jnp.exp(log_r)
-  weight = jax.lax.stop_gradient(ratio) if importance_weight else 1.0
-  logp = jnp.where(mask > 0, logp.astype(jnp.float32), 0.0)
-  loss = -weight * adv * logp
-  return jnp.where(mask > 0, loss, 0.0), _diagnostics(mask, ratio, log_r)
 
 
 def clip_cov_loss(logp, old_logp, advantages, mask, *, key, clip_fraction=2e-4,

@@ -60,6 +60,11 @@ def advantages_bt(advantages, mask):
   return jnp.where(mask > 0, advantages.astype(jnp.float32), 0.0)
 
 
+def zero_masked(x, mask):
+  """`x` where `mask` > 0, else 0 (a loss's masked positions), same shape."""
+  return jnp.where(mask > 0, x, 0.0)
+
+
 def diagnostics(mask, ratio, log_r_token, **indicators):
   """Builds PolicyLossDiagnostics; missing indicators are zeros; masks everything."""
   keep = mask > 0

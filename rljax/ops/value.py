@@ -59,15 +59,20 @@ def value_loss(values, old_values, returns, mask, *, clip_range):
 
 
 def explained_variance(values, returns, mask, *, axis_name=None):
-  """Explained variance 1 − Var[R − v]/Var[R] over valid tokens.
+  """Explained variance of the critic, 1 − Var[R − v] / Var[R] over valid tokens.
 
-  1 is a perfect critic, 0 no better than a constant, < 0 worse.
+  1 is a perfect critic, 0 no better than a constant, < 0 worse. This is verl's
+  `critic/vf_explained_var` (`verl/trainer/ppo/metric_utils.py:compute_data_metrics`: the
+  variances of the response tokens' returns and of returns − values), also the definition of
+  scikit-learn's `explained_variance_score`. It differs from TRL's PPO `ppo/val/var_explained`,
+  1 − E[(v − R)²] / Var[R], which counts a constant offset of the critic as unexplained.
 
-  Note: returns 0 (not NaN) when Var[R] = 0.
+  Note: the variances' ddof cancels in the ratio; verl divides by Var[R] + 1e-5, here Var[R]
+  = 0 returns 0 (not a large negative number or NaN).
 
   Args:
-    values: float [B, T].
-    returns: float [B, T].
+    values: critic values v, float [B, T].
+    returns: value targets R, float [B, T].
     mask: [B, T].
     axis_name: mapped axis for global variances, or None.
   Returns:

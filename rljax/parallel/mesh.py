@@ -110,6 +110,15 @@ def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *rest))
 
 
+def batch_shards(mesh) -> int:
+  """How many shards the batch dimension is split into: the product of the sizes of the
+  mesh's batch axes (`BATCH_AXES` present in it); 1 without a mesh. Row counts that go
+  on the mesh round up to a multiple of it."""
+  if mesh is None:
+    return 1
+  return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names)
+
+
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
   """Fully replicated sharding on `mesh` (scalars, RNG keys, small tables)."""
   return NamedSharding(mesh, PartitionSpec())

@@ -166,7 +166,7 @@ def teacher_config(config) -> ModelConfig | None:
 def _shapes(config, specs: Specs, prompt_len: int, sampler_mesh) -> Shapes:
   s = specs.schedule
   rows = specs.rollout.prompts_per_iteration * specs.rollout.n
-  shards = math.prod(sampler_mesh.shape[a] for a in parallel.BATCH_AXES)
+  shards = parallel.batch_shards(sampler_mesh)
   requests = buckets.round_up(rows, None, multiple_of=shards)
   slots = specs.rollout.slots
   if specs.rollout.continuous:
@@ -219,7 +219,7 @@ def abstract_run(config, devices, topology=None) -> AbstractRun:
     TopologyError: a share of the slice that is no slice of its own.
   """
   mesh, sampler_mesh = meshes(config, devices, split=_split(topology))
-  shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES)
+  shards = parallel.batch_shards(mesh)
   try:
     model_cfg, tokenizer, task = model_and_tokenizer(config)
     prompt_len = prompt_columns(config, model_cfg, tokenizer, task)

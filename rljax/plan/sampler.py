@@ -18,8 +18,6 @@ Note: the continuous sampler's decode step is its ring-buffer variant of `decode
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -65,7 +63,7 @@ class SamplerPrograms:
     self.run = run
     self.mesh = run.sampler_mesh or run.mesh
     self.axes = tuple(a for a in parallel.BATCH_AXES if a in self.mesh.axis_names)
-    self.shards = math.prod(self.mesh.shape[a] for a in self.axes)
+    self.shards = parallel.batch_shards(self.mesh)
     self.per_shard = run.specs.rollout.continuous
     s, r = run.shapes, run.specs.rollout
     sampling = SamplingParams(max_new_tokens=s.response_len, temperature=r.temperature,

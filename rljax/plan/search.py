@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from rljax import parallel
 from rljax.plan.abstract import abstract_run, per_chip_bytes
 from rljax.train.config import ConfigError, apply_overrides, validate
 from rljax.train.config.defaults import model_positions
@@ -79,7 +80,7 @@ def _scale(run, new_run, overrides: dict, report: dict) -> float:
   state = b["arguments"] + b["resident"]
   act = b["temporaries"] + b["outputs"] - b["aliases"]
   state *= per_chip_bytes(new_run.state) / max(per_chip_bytes(run.state), 1.0)
-  rows = lambda r: r.mesh.shape["data"] * r.mesh.shape["fsdp"]  # noqa: E731
+  rows = lambda r: parallel.batch_shards(r.mesh)  # noqa: E731
   tensor = lambda r: 0.5 + 0.5 / r.mesh.shape["tensor"]  # noqa: E731
   act *= rows(run) / rows(new_run) * tensor(new_run) / tensor(run)
   name = report["name"]
@@ -120,7 +121,7 @@ def _proposals(config, run, failing: list[str], chips: int) -> list[tuple[dict, 
                 "a memory-linear attention (splash on TPU): no [B, H, S, S] scores"))
   if s.continuous and any(name in SAMPLING for name in failing):
     out.append(({"sampling.continuous": False}, "the static sampler: parameters stay sharded"))
-  shards = run.mesh.shape["data"] * run.mesh.shape["fsdp"]
+  shards = parallel.batch_shards(run.mesh)
   if s.continuous and "decode" in failing:
     for k in (2, 4, 8):
       slots = run.shapes.decode_rows // k // shards * shards

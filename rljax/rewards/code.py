@@ -165,12 +165,11 @@ def _read_results(path: str, nonce: str) -> tuple[int, int]:
   return passed, seen
 
 
-def code_pass_rate_reward(*, timeout: float = 5.0, memory_mb: int = 512):
-  """Reward fn(prompt, completion) -> pass rate, with `prompt.answer` a JSON list of tests."""
+def code_pass_rate(prompt: str, completion: str, answer: str) -> float:
+  """A `task.reward_fns` entry: the pass rate of the completion's code on the tests in `answer`.
 
-  def reward(prompt, completion: str) -> float:
-    tests = json.loads(prompt.answer)
-    return run_tests(extract_code(completion), tests, timeout=timeout,
-                     memory_mb=memory_mb).pass_rate
-
-  return reward
+  Use as `task.reward_fns = ["rljax.rewards.code:code_pass_rate"]` with a task whose answer
+  is a JSON list of test statements (e.g. a JSONL task's `answer` column); the code is the
+  completion's last fenced block (`extract_code`), run by `run_tests` with its defaults.
+  """
+  return run_tests(extract_code(completion), json.loads(answer)).pass_rate

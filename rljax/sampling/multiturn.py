@@ -33,8 +33,9 @@ from flax import nnx
 
 from rljax.models import KVCache
 from rljax.sampling import buckets
-from rljax.sampling.decode import is_stop, split_for_sampling
+from rljax.sampling.decode import is_stop
 from rljax.sampling.filters import default_streams, sample_tokens, stream_uniforms_at
+from rljax.sampling.prepare import split_for_sampling
 
 GENERATING, WAITING, FINISHED = 0, 1, 2
 # why a row stopped generating: its episode-ending stop token (EOS), a turn stop (a tool

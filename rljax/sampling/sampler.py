@@ -14,21 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.parallel import traced_on
+from rljax.parallel import batch_shards, traced_on
 from rljax.sampling import buckets
 from rljax.sampling.decode import (
   Decoded,
   DecodeSpec,
-  check_prompts,
-  data_shards,
   decode_segments,
-  place_rows,
   spec_and_scalars,
-  split_for_sampling,
   step_sampler,
 )
 from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
+from rljax.sampling.prepare import check_prompts, place_rows, split_for_sampling
 from rljax.sampling.rollout import Rollout
 
 
@@ -89,7 +86,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   tokens_bp, mask_bp = np.repeat(tokens_bp, n, axis=0), np.repeat(mask_bp, n, axis=0)
   rows, width = tokens_bp.shape
   group = n if share_prefill else 1
-  r = buckets.round_up(rows, batch_bucket, multiple_of=data_shards(mesh) * group)
+  r = buckets.round_up(rows, batch_bucket, multiple_of=batch_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
   graphdef, state = split_for_sampling(model, sampler_dtype, layer_views=True)

@@ -11,9 +11,10 @@ beside the step checkpoints (`save` / `restore`). On-policy distillation's froze
 (`Teacher`) lives beside them, outside the TrainState.
 """
 
-from rljax.train.params.room import Params
+from rljax.train.params.model_params import Params
 from rljax.train.params.state import (
     TrainState,
+    clipped_adamw,
     init_optimizer_state,
     make_optimizer,
     place_state,
@@ -21,5 +22,5 @@ from rljax.train.params.state import (
 )
 from rljax.train.params.teacher import Teacher
 
-__all__ = ["Params", "Teacher", "TrainState", "init_optimizer_state", "make_optimizer",
+__all__ = ["Params", "Teacher", "TrainState", "clipped_adamw", "init_optimizer_state", "make_optimizer",
            "place_state", "policy_params"]

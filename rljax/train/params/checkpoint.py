@@ -14,7 +14,6 @@ import logging
 import pathlib
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from rljax import parallel
@@ -108,7 +107,3 @@ class Checkpointer:
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
-
-
-def to_host(tree):
-  return jax.tree.map(np.asarray, tree)

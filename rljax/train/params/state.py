@@ -42,6 +42,15 @@ def policy_params(state: TrainState, *, adapters: bool = True):
   return nnx.merge_state(state.base, state.actor if adapters else adapters_off(state.actor))
 
 
+def clipped_adamw(learning_rate, *, b1, b2, weight_decay, grad_clip):
+  """Every optimizer of rljax: global-norm gradient clipping (`grad_clip`; 0: off), then AdamW
+  (Loshchilov & Hutter 2019, arXiv:1711.05101) at `learning_rate`, a float or an optax
+  schedule (`optax.clip_by_global_norm`, `optax.adamw`)."""
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
+  parts.append(optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+  return optax.chain(*parts)
+
+
 def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
   """AdamW with linear warm-up and global-norm clipping (optax).
 
@@ -55,9 +64,7 @@ def make_optimizer(lr, *, warmup_steps, weight_decay, b1, b2, grad_clip):
     schedule = optax.join_schedules(
         [optax.linear_schedule(0.0, lr, warmup_steps), optax.constant_schedule(lr)],
         [warmup_steps])
-  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []
-  parts.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
-  return optax.chain(*parts)
+  return clipped_adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay, grad_clip=grad_clip)
 
 
 def place_state(state, mesh):

@@ -4,14 +4,13 @@ the sampling parameters, the reward, and where the rows live."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import zlib
 
 import jax
 import numpy as np
 
 from rljax.data.batching import left_pad
-from rljax.parallel import BATCH_AXES, batch_sharding
+from rljax.parallel import batch_sharding, batch_shards
 from rljax.sampling import SamplingParams, buckets
 
 
@@ -60,13 +59,6 @@ def encode_prompts(ctx: RolloutContext, prompts):
   """Left-padded prompt ids and mask, int32 [len(prompts), P]."""
   return left_pad([ctx.prompt_ids(p) for p in prompts], pad_id=ctx.tokenizer.pad_id,
                   length=ctx.prompt_len)
-
-
-def batch_shards(mesh) -> int:
-  """Shards of the batch dimension: the product of the mesh's batch axes (1 without a mesh)."""
-  if mesh is None:
-    return 1
-  return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.axis_names)
 
 
 def row_layout(ctx: RolloutContext, num_rows: int):

@@ -8,7 +8,6 @@ episodic, chosen here), the prompt sampler. Nothing after it reads the config.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from flax import nnx
 
@@ -153,7 +152,7 @@ def build(config) -> Run:
   prompt_len = components.prompt_length(config, task, tokenizer,
                                         model_cfg.max_position_embeddings)
   mesh, sampler_mesh = meshes(config)
-  shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
+  shards = parallel.batch_shards(mesh)
   specs = build_specs(config, model_description=repr(model_cfg),
                       pack_groups=shards if config.algo.pack_sequences else 0)
   rollouts = _rollouts(config, task, tokenizer, prompt_len, sampler_mesh or mesh, specs)

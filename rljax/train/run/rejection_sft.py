@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rljax.data.rejection import best_of_k
 from rljax.train.config.specs import RejectionSFTSpec
+from rljax.train.params.state import clipped_adamw
 from rljax.train.update.sft import sft_step_fn, token_mean_nll
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
@@ -95,8 +95,7 @@ class RejectionSFT:
     self.graphdef, self.mesh, self.seed = graphdef, mesh, seed
     # `algo.rsft_from_teacher`: the distillation teacher samples the phases, not the policy
     self.teacher_model = teacher.model() if spec.from_teacher and teacher is not None else None
-    self.tx = optax.chain(optax.clip_by_global_norm(1.0),
-                          optax.adamw(spec.lr, b1=0.9, b2=0.99, weight_decay=0.0))
+    self.tx = clipped_adamw(spec.lr, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
     self.sampling = rollouts.ctx.sampling.replace(n=spec.k)
     self._finetune = None
 

@@ -85,9 +85,3 @@ def old_policy_metrics(upd, *, with_ref: bool) -> dict:
     metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
   return metrics
 
-
-def explained_variance(returns, values, mask) -> float:
-  """1 − Var(returns − values) / Var(returns) over the batch's tokens (the critic's fit)."""
-  resid = masked_mean(jnp.square(returns - values), mask)
-  var = masked_mean(jnp.square(returns - masked_mean(returns, mask)), mask)
-  return float(1.0 - resid / jnp.maximum(var, 1e-8))

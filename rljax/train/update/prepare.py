@@ -13,6 +13,7 @@ import numpy as np
 from rljax import parallel
 from rljax.ops import advantages_group, masks, mismatch, shaping
 from rljax.ops.off_policy import staleness_metrics
+from rljax.ops.value import explained_variance
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
@@ -242,6 +243,5 @@ class Preparer:
     if "teacher_logp" in upd:   # on-policy distillation
       metrics.update(distill_metrics(upd))
     if state.critic is not None:
-      metrics["critic/explained_variance"] = batch_metrics.explained_variance(
-          upd["returns"], values, mask)
+      metrics["critic/explained_variance"] = float(explained_variance(values, upd["returns"], mask))
     return metrics

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from rljax.data.tasks import WORKED_OPTIONS
 from rljax.models.stack import restore_in_layout
 from rljax.train.config.specs import SFTSpec
+from rljax.train.params.state import clipped_adamw
 from rljax.train.rollout.demonstrations import demonstration_batch
 from rljax.train.update import objective
 
@@ -56,8 +57,7 @@ def sft_optimizer(lr, *, warmup_steps, steps, end_lr_fraction):
   schedule = optax.warmup_cosine_decay_schedule(
       0.0, lr, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
       end_value=lr * end_lr_fraction)
-  return optax.chain(optax.clip_by_global_norm(1.0),
-                     optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=0.0))
+  return clipped_adamw(schedule, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
 
 
 def train_sft(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, frozen=()):

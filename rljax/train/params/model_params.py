@@ -1,4 +1,5 @@
-"""`Params`: the policy, the reference and the value model of a run (see the package doc)."""
+"""`Params`: the parameters of the run's models (the policy, its reference and the value model)
+and how they become, and come back from, a TrainState (see the package doc)."""
 
 from __future__ import annotations
 

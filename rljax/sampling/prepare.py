@@ -1,0 +1,97 @@
+"""What a sampler call does on the host before its program runs: check the prompts, split
+the model (cast to the sampler's dtype, scanned layers as per-layer views) and place the
+rows and parameters on the mesh. Shared by `sampler`, `continuous` and `multiturn`."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rljax.models.stack_layout import per_layer_views
+from rljax.parallel import BATCH_AXES, state_shardings
+
+
+def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
+  tokens_bp = np.asarray(prompt_tokens)
+  mask_bp = np.asarray(prompt_mask)
+  if tokens_bp.ndim != 2 or tokens_bp.shape != mask_bp.shape or 0 in tokens_bp.shape:
+    raise ValueError(f"prompt_tokens {tokens_bp.shape} and prompt_mask {mask_bp.shape} must "
+                     "both be non-empty [B, P]")
+  if not np.issubdtype(tokens_bp.dtype, np.integer):
+    raise TypeError(f"prompt_tokens must be integers, got {tokens_bp.dtype}")
+  mask_bp = (mask_bp > 0).astype(np.int32)
+  if not mask_bp.any(axis=1).all():
+    raise ValueError("every prompt needs at least one real token (prompt_mask row of zeros)")
+  if (np.diff(mask_bp, axis=1) < 0).any():
+    raise ValueError("prompts must be left-padded (prompt_mask 0...0 1...1 per row)")
+  return tokens_bp.astype(np.int32), mask_bp
+
+
+def split_for_sampling(model: nnx.Module, sampler_dtype, *, layer_views: bool = False):
+  """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`.
+
+  `layer_views`: a model with scanned layers (`ModelConfig.scan_layers`) is split as the
+  same model with one module per layer whose parameters are views of the stacked ones
+  (`rljax.models.stack_layout.per_layer_views`; CPU only, else as it is). A decode step
+  reads every layer's weights; from a stacked argument XLA CPU copied each layer's slice
+  before the loop, a second copy of the weights for the whole call (Qwen2.5-0.5B: 1.4 of
+  the program's 1.6 GB of temporaries; `tests/test_sampling_memory.py`). Only for a call
+  that drops the views when it returns: while they live, an update step that donates the
+  stacked parameters copies them instead.
+  """
+  graphdef, state = nnx.split(model)
+  if sampler_dtype is None:
+    return _per_layer_views(model, graphdef, state) if layer_views else (graphdef, state)
+  dtype = jnp.dtype(sampler_dtype)
+  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+  state = jax.tree.map(cast, state)
+  cfg = getattr(model, "cfg", None)
+  if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
+    graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
+  return graphdef, state
+
+
+def _per_layer_views(model, graphdef, state):
+  cfg = getattr(model, "cfg", None)
+  if not getattr(cfg, "scan_layers", False) or not hasattr(cfg, "replace"):
+    return graphdef, state
+  views = per_layer_views(state)
+  if views is None:
+    return graphdef, state
+  per_layer = _graphdef_for(type(model), cfg.replace(scan_layers=False))
+  try:   # e.g. LoRA adapters, which the config does not describe: as it is
+    same = jax.tree.structure(nnx.state(nnx.merge(per_layer, views))) == jax.tree.structure(
+        views)
+  except (ValueError, KeyError, TypeError):
+    same = False
+  return (per_layer, views) if same else (graphdef, state)
+
+
+@functools.lru_cache(maxsize=32)
+def _graphdef_for(cls, cfg):
+  abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abstract)[0]
+
+
+def _batch_sharding(mesh):
+  """Rows split over the mesh's batch axes (`rljax.parallel.BATCH_AXES` present in it)."""
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes or None))
+
+
+def place_rows(mesh, tokens_rw, mask_rw, state):
+  """Puts rows on the mesh's batch axes; parameters not yet on the mesh get the shardings of
+  their logical axes (`rljax.parallel.state_shardings`)."""
+  if mesh is None:
+    return tokens_rw, mask_rw, state
+  rows = _batch_sharding(mesh)
+  tokens_rw, mask_rw = jax.device_put(tokens_rw, rows), jax.device_put(mask_rw, rows)
+  on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+                and x.sharding.mesh == mesh for x in jax.tree.leaves(state))
+  if not on_mesh:
+    state = jax.device_put(state, state_shardings(state, mesh))
+  return tokens_rw, mask_rw, state
