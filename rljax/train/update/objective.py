@@ -42,8 +42,8 @@ def full_sequence(batch):
 def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: bool = False):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
 
-  With `pack_groups` > 0 and a `rljax.train.update.packing` layout in the batch (`pack_*` keys,
-  `pack_groups` groups) the transformer runs on the packed rows, the lm head and the
+  With `pack_groups` > 0 the batch carries a `rljax.train.update.packing` layout (`pack_*`
+  keys, `pack_groups` groups) and the transformer runs on the packed rows, the lm head and the
   log-softmax on the gathered completion positions, with the same values as padded.
   With `replay` and the sampler's `routes` in the batch (a MoE policy), every MoE layer uses
   the sampler's experts (`rljax.train.update.routing`; padded layout).
@@ -54,7 +54,7 @@ def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: b
     return routing.routed_logprobs(model, tokens, positions, attention,
                                    prompt_len=batch["prompt_tokens"].shape[1],
                                    temperature=temperature, replay_ids=replay_ids)[:2]
-  if not pack_groups or "pack_src" not in batch:   # no layout: the padded computation
+  if not pack_groups:   # no layout: the padded computation
     return token_logprobs_and_entropy(
         model, tokens, positions, attention,
         prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
@@ -96,9 +96,8 @@ def policy_terms(spec: LossSpec, logp, batch):
         eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
         ratio_level=kwargs["ratio_level"],
         behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
-  key = jax.random.wrap_key_data(batch["rng"][0]) if "rng" in batch else None
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
-                           batch["mask"], key=key)
+                           batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 
 
 def denominators(spec: LossSpec, mask):
