@@ -41,29 +41,48 @@ def _minus_penalty(seq_scores, penalty_bt):
   return seq_scores if penalty_bt is None else seq_scores - jnp.sum(penalty_bt, axis=1)
 
 
+def _gae(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  return adv_ops.gae(rewards_bt, batch.old_values, mask, gamma=spec.gamma, lam=spec.lam)
+
+
+def _reinforce_pp(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
+  return advantages, advantages
+
+
+def _optimal_token_baseline(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
+  g = spec.group_size
+  returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
+  advantages = advantages_group.optimal_token_baseline_advantages(
+      _to_groups(returns, g), _to_groups(batch.sampled_logp, g),
+      _to_groups(batch.sum_sq, g), _to_groups(mask, g), **dict(spec.kwargs)).reshape(mask.shape)
+  return advantages, returns
+
+
+def _reinforce_pp_baseline(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  g = spec.group_size
+  advantages = adv_ops.reinforce_pp_baseline_advantages(
+      seq_scores.reshape(-1, g), _to_groups(mask, g)).reshape(mask.shape)
+  return advantages, advantages
+
+
+# The token-level estimators (`rljax.ops.estimators`, level "token"): estimate(spec, batch,
+# per-token rewards [B,T], mask [B,T], sequence scores [B]) -> (advantages, returns)
+TOKEN_ESTIMATORS = {"gae": _gae, "reinforce_pp": _reinforce_pp,
+                    "optimal_token_baseline": _optimal_token_baseline,
+                    "reinforce_pp_baseline": _reinforce_pp_baseline}
+
+
 def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
   """(advantages, returns) of the token-level estimators."""
   rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
   if penalty_bt is not None:   # on-policy distillation in the reward: r_t −= c·d_t
     rewards_bt = rewards_bt - penalty_bt
-  g, kwargs = spec.group_size, dict(spec.kwargs)
-  if spec.estimator == "gae":
-    return adv_ops.gae(rewards_bt, batch.old_values, mask, gamma=spec.gamma, lam=spec.lam)
-  if spec.estimator == "reinforce_pp":
-    advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
-    return advantages, advantages
-  if spec.estimator == "optimal_token_baseline":
-    # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
-    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
-    advantages = advantages_group.optimal_token_baseline_advantages(
-        _to_groups(returns, g), _to_groups(batch.sampled_logp, g),
-        _to_groups(batch.sum_sq, g), _to_groups(mask, g), **kwargs).reshape(mask.shape)
-    return advantages, returns
-  # reinforce_pp_baseline
+  # the sequence's score less its KL (and distillation) penalties (unused ones are not
+  # computed: this runs under `jax.jit`)
   seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
-  advantages = adv_ops.reinforce_pp_baseline_advantages(
-      seq_scores.reshape(-1, g), _to_groups(mask, g)).reshape(mask.shape)
-  return advantages, advantages
+  return TOKEN_ESTIMATORS[spec.estimator](spec, batch, rewards_bt, mask, seq_scores)
 
 
 def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):

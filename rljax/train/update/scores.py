@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from rljax.ops import shaping
 from rljax.train.config.specs import ShapingSpec
 from rljax.train.update.batch import UpdateBatch
+from rljax.train.update.stages import enabled
 
 
 def _missing_eos(spec, rollout, scores, moments):
@@ -67,11 +68,7 @@ class Shaper:
 
   @classmethod
   def create(cls, spec: ShapingSpec) -> Shaper:
-    fields = {f.name for f in dataclasses.fields(spec)}
-    unknown = [name for name, _ in STEPS if name not in fields]
-    if unknown:
-      raise ValueError(f"ShapingSpec has no field {unknown}")
-    return cls(spec, tuple(step for name, step in STEPS if getattr(spec, name)))
+    return cls(spec, enabled(spec, STEPS))
 
   def __call__(self, upd: UpdateBatch, rollout, moments):
     """(a new batch with the shaped `scores`, the reward-normalisation moments after it).
