@@ -80,12 +80,15 @@ class NoTeacher:
   """A run without a teacher: both stages leave the batch as it is."""
 
   def score(self, upd: UpdateBatch, sequences) -> UpdateBatch:
+    """`upd`."""
     return upd
 
   def reward(self, upd: UpdateBatch) -> UpdateBatch:
+    """`upd`."""
     return upd
 
   def advantages(self, upd: UpdateBatch) -> UpdateBatch:
+    """`upd`."""
     return upd
 
 

@@ -71,6 +71,7 @@ class Recompute:
     return policy_forward(fns, state, sequences, upd, replay=self.replay)
 
   def correction(self, sources: PolicySourcesSpec):
+    """The correction weights of the run's `algo.is_correction` (`correction`)."""
     return correction(sources)
 
   def rollout_metrics(self, upd: UpdateBatch, *, with_ref: bool) -> dict:
@@ -89,10 +90,12 @@ class Sampler(Recompute):
   logp_gap: bool = False
 
   def outputs(self, fns, state, sequences, upd: UpdateBatch):
+    """The sampler's log-probs, the policy's entropies and routing metrics."""
     _, entropy, routed = super().outputs(fns, state, sequences, upd)
     return upd.sampler_logp, entropy, routed
 
   def correction(self, sources: PolicySourcesSpec):
+    """None: the ratio is taken against the sampling distribution itself."""
     return no_correction
 
 
@@ -102,10 +105,12 @@ class FromUpdate(Recompute):
   zeros until the update returns them."""
 
   def outputs(self, fns, state, sequences, upd: UpdateBatch):
+    """Zeros (no forward pass), no routing metrics."""
     zeros = jnp.zeros_like(upd.sampler_logp)
     return zeros, zeros, {}
 
   def rollout_metrics(self, upd: UpdateBatch, *, with_ref: bool) -> dict:
+    """None before the update (`after_update` takes them)."""
     return {}
 
   def after_update(self, upd: UpdateBatch, token_outputs, *, with_ref: bool):

@@ -66,6 +66,8 @@ class Preparer:
 
   @classmethod
   def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
+    """The preparer of a run: GDPO's reward terms, the old-log-prob strategy, the shaping
+    steps and the correction weights, chosen once from `specs`."""
     names = gdpo_terms(reward_fn)[0] if specs.advantage.reward_weights else ()
     source = old_logp_source(specs)
     return cls(specs=specs, fns=fns, params=params, mesh=mesh, reward_names=names,

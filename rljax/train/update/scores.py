@@ -68,6 +68,7 @@ class Shaper:
 
   @classmethod
   def create(cls, spec: ShapingSpec) -> Shaper:
+    """The shaper of the steps `spec` turns on."""
     return cls(spec, enabled(spec, STEPS))
 
   def __call__(self, upd: UpdateBatch, rollout, moments):
