@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar
 
 import jax.numpy as jnp
 
@@ -64,7 +65,7 @@ class Recompute:
   """Old log-probs from a forward pass of the policy before the update."""
 
   replay: bool = False      # MoE: with the sampler's experts (`algo.routing_replay`)
-  logp_gap: bool = True     # the sampler-trainer log-prob gap is a rollout metric
+  logp_gap: ClassVar[bool] = True   # the sampler-trainer log-prob gap is a rollout metric
 
   def outputs(self, fns, state, sequences, upd: UpdateBatch):
     """(old log-probs, entropies) [B, T] and the routing metrics of a MoE rollout."""
@@ -87,7 +88,7 @@ class Recompute:
 class Sampler(Recompute):
   """Old log-probs from the sampler; the entropies from the policy's forward."""
 
-  logp_gap: bool = False
+  logp_gap: ClassVar[bool] = False
 
   def outputs(self, fns, state, sequences, upd: UpdateBatch):
     """The sampler's log-probs, the policy's entropies and routing metrics."""
