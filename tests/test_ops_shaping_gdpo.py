@@ -172,6 +172,7 @@ def test_trainer_optimal_token_baseline_uses_the_reward_to_go_and_the_kernel():
 
   from rljax.train.config.specs import AdvantageSpec
   from rljax.train.update.advantages import compute_advantages
+  from rljax.train.update.batch import UpdateBatch
 
   rng = np.random.default_rng(4)
   b, g, t = 2, 3, 4
@@ -183,8 +184,10 @@ def test_trainer_optimal_token_baseline_uses_the_reward_to_go_and_the_kernel():
   spec = AdvantageSpec(estimator="optimal_token_baseline",
                        kwargs=(("handle_zero_tail", True),), token_level=True, group_size=g,
                        gamma=1.0, lam=1.0, whiten=False, kl_in_reward=False, kl_estimator="k1")
-  adv, _, _ = compute_advantages(spec, {k: jnp.asarray(v) for k, v in batch.items()},
-                                 jnp.float32(0.0))
+  fields = {k: jnp.asarray(v) for k, v in batch.items()}
+  fields["completion_mask"] = fields.pop("mask")
+  rows = dict.fromkeys(UpdateBatch._fields[:UpdateBatch._fields.index("routes")])
+  adv, _, _ = compute_advantages(spec, UpdateBatch(**{**rows, **fields}), jnp.float32(0.0))
   # reference: G_t = score on every real token; W = cumsum(1 - 2 pi + sum_sq)
   ret = batch["scores"][:, None] * mask
   w = np.cumsum((1 - 2 * np.exp(batch["sampled_logp"]) + batch["sum_sq"]) * mask, 1) * mask

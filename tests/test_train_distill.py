@@ -54,8 +54,8 @@ def test_teacher_equal_to_the_student_gives_a_zero_term(tmp_path):
   upd, metrics, _ = trainer.preparer.prepare(state, batch, key, RunningMoments.create())
   assert metrics["distill/reverse_kl"] == 0.0
   assert metrics["distill/teacher_logp"] < 0.0
-  np.testing.assert_array_equal(np.asarray(upd["advantages"]), 0.0)
-  np.testing.assert_array_equal(np.asarray(upd["teacher_logp"]), np.asarray(upd["old_logp"]))
+  np.testing.assert_array_equal(np.asarray(upd.advantages), 0.0)
+  np.testing.assert_array_equal(np.asarray(upd.teacher_logp), np.asarray(upd.old_logp))
 
 
 def test_teacher_stays_frozen_outside_the_train_state(tmp_path):

@@ -40,13 +40,13 @@ def _spy(monkeypatch, seen):
   def spy_prepare(preparer, state, *args, **kwargs):
     seen["ref_kinds"].append(_kinds(state.ref))
     upd, metrics, moments = prepare(preparer, state, *args, **kwargs)
-    seen["ref_logp"].append(np.asarray(upd["ref_logp"]))
+    seen["ref_logp"].append(np.asarray(upd.ref_logp))
     return upd, metrics, moments
 
   def spy_updates(epochs, state, *args, **kwargs):
-    state, metrics = run_updates(epochs, state, *args, **kwargs)
+    state, metrics, token_outputs = run_updates(epochs, state, *args, **kwargs)
     seen["ref_kinds"].append(_kinds(state.ref))
-    return state, metrics
+    return state, metrics, token_outputs
 
   monkeypatch.setattr(Preparer, "prepare", spy_prepare)
   monkeypatch.setattr(Epochs, "run", spy_updates)

@@ -87,7 +87,8 @@ def test_balancing_terms_reach_the_router(tmp_path):
   _, batch = _rollout(model)
   b, t = batch["tokens"].shape
   batch.update(old_logp=jnp.zeros((b, t)), advantages=jnp.ones((b,)),
-               token_weights=jnp.ones((b, t)), is_weights=jnp.ones((b, t)))
+               token_weights=jnp.ones((b, t)), is_weights=jnp.ones((b, t)),
+               rng=jax.random.key_data(jax.random.split(jax.random.key(0), b)))
   graphdef, params = nnx.split(model)
 
   def grads(**coefs):

@@ -69,6 +69,7 @@ def _batch(b=8, p=6, t=10, seed=0):
            "advantages": (rng.normal(size=b)[:, None] * cm).astype(np.float32),
            "returns": np.zeros((b, t), np.float32), "old_values": np.zeros((b, t), np.float32),
            "token_weights": np.ones((b, t), np.float32), "is_weights": np.ones((b, t), np.float32),
+           "rng": np.asarray(jax.random.key_data(jax.random.split(jax.random.key(seed), b))),
            "kl_coef": np.float32(0.0)}
   return batch, p_len, c_len
 

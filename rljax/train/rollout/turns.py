@@ -73,14 +73,14 @@ def turn_reward_advantages(batch: RolloutBatch, inputs, gamma: float, group: int
   last turn; rows that are not `valid` get 0.
 
   Args:
-    inputs: the update's inputs: `mask` [B, T], shaped `scores` [B], `valid` [B].
+    inputs: the `UpdateBatch`: `completion_mask` [B, T], shaped `scores` [B], `valid` [B].
   """
-  mask = np.asarray(inputs["mask"])
+  mask = np.asarray(inputs.completion_mask)
   rewards, exists, token_turn = turn_inputs(batch.episodes.episodes, mask)
-  final = np.asarray(inputs["scores"]) - np.asarray(batch.components["env"])
+  final = np.asarray(inputs.scores) - np.asarray(batch.components["env"])
   adv = _turn_advantages(rewards, exists, token_turn, final.astype(np.float32), mask,
                          gamma=gamma, group_size=group)
-  return adv * inputs["valid"][:, None]
+  return adv * inputs.valid[:, None]
 
 
 def episode_metrics(batch: RolloutBatch, upd, *, with_logp_gap: bool) -> dict:
@@ -90,6 +90,6 @@ def episode_metrics(batch: RolloutBatch, upd, *, with_logp_gap: bool) -> dict:
     return {}
   metrics = dict(batch.episodes.metrics)
   if with_logp_gap:
-    metrics.update(turn_logp_gap(batch.episodes.episodes, np.asarray(upd["sampler_logp"]),
-                                 np.asarray(upd["old_logp"]), np.asarray(upd["completion_mask"])))
+    metrics.update(turn_logp_gap(batch.episodes.episodes, np.asarray(upd.sampler_logp),
+                                 np.asarray(upd.old_logp), np.asarray(upd.completion_mask)))
   return metrics

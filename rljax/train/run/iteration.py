@@ -15,7 +15,6 @@ from rljax.ops import kl as kl_ops
 from rljax.train.params import policy_params
 from rljax.train.rollout import collect
 from rljax.train.run.build import Run
-from rljax.train.update import batch_metrics
 from rljax.train.update.epochs import Epochs
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.prepare import Preparer
@@ -122,12 +121,11 @@ def rl_iteration(trainer: Trainer, state, iteration, moments, sampled: Sampled):
   upd, metrics, moments = trainer.preparer.prepare(state, sampled.batch, keys["update"],
                                                    moments, iteration=iteration)
   train_actor = iteration >= run.specs.schedule.critic_warmup_iterations
-  state, update_metrics = trainer.epochs.run(state, upd, keys["update"],
-                                             train_actor=train_actor, iteration=iteration)
-  if run.specs.sources.old_logp_source == "update":
-    metrics.update(batch_metrics.old_policy_metrics(
-        upd, with_ref=run.params.has_reference(state)))
-  state = _adapt_kl(run, state, metrics, upd["mask"].shape[0])
+  state, update_metrics, token_outputs = trainer.epochs.run(
+      state, upd, keys["update"], train_actor=train_actor, iteration=iteration)
+  upd, old_policy = trainer.preparer.after_update(state, upd, token_outputs)
+  metrics.update(old_policy)
+  state = _adapt_kl(run, state, metrics, upd.mask.shape[0])
   t2 = time.perf_counter()
   metrics.update(sampled.stats)
   metrics.update(update_metrics)
@@ -141,12 +139,12 @@ def rl_iteration(trainer: Trainer, state, iteration, moments, sampled: Sampled):
 def save_analysis_batch(fns: ForwardFns, state, upd, path):
   """The last rollout batch with the updated policy's log-probs, for `rljax.analysis`
   (the notebook's trick-impact view on a real batch)."""
-  logp, _ = fns.policy_stats(policy_params(state), fns.sequences(upd, upd))
-  arrays = {"logp": logp, "old_logp": upd["old_logp"], "entropy": upd["entropy"],
-            "advantages": upd["advantages"], "mask": upd["mask"], "scores": upd["scores"],
-            "truncated": upd["truncated"], "tokens": upd["tokens"]}
-  if "reward_components" in upd:   # GDPO: the unweighted rewards it normalised, [B, K]
-    arrays["reward_components"] = upd["reward_components"]
+  logp, _ = fns.policy_stats(policy_params(state), fns.sequences(upd))
+  arrays = {"logp": logp, "old_logp": upd.old_logp, "entropy": upd.entropy,
+            "advantages": upd.advantages, "mask": upd.mask, "scores": upd.scores,
+            "truncated": upd.truncated, "tokens": upd.tokens}
+  if upd.reward_components is not None:   # GDPO: the unweighted rewards it normalised, [B, K]
+    arrays["reward_components"] = upd.reward_components
   arrays = parallel.gather(arrays)   # a collective: every process calls this
   if parallel.is_primary():
     np.savez(path, **arrays)

@@ -8,7 +8,7 @@ from rljax.parallel import batch_sharding
 from rljax.train.run.build import Run
 from rljax.train.run.iteration import Trainer
 from rljax.train.update.distill import Distiller
-from rljax.train.update.epochs import Epochs
+from rljax.train.update.epochs import Epochs, step_fields
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.prepare import Preparer
 from rljax.train.update.sft import warm_start
@@ -29,7 +29,7 @@ def make_trainer(run: Run, template) -> Trainer:
   epochs = Epochs(update_step=update_step, fns=fns, schedule=specs.schedule,
                   rows_sharding=batch_sharding(run.mesh), ptx_context=run.ctx,
                   seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens,
-                  behaviour_logp=specs.loss.decoupled_cap is not None)
+                  fields=step_fields(specs.loss))
   preparer = Preparer.create(specs, fns, params, run.mesh, run.ctx.reward_fn,
                              distiller=make_distiller(run, num_micro))
   return Trainer(run=run, fns=fns, preparer=preparer, epochs=epochs, update_step=update_step)

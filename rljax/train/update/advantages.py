@@ -41,46 +41,65 @@ def _minus_penalty(seq_scores, penalty_bt):
   return seq_scores if penalty_bt is None else seq_scores - jnp.sum(penalty_bt, axis=1)
 
 
-def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
-  """(advantages, returns) of the token-level estimators."""
-  rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
-  if penalty_bt is not None:   # on-policy distillation in the reward: r_t −= c·d_t
-    rewards_bt = rewards_bt - penalty_bt
-  g, kwargs = spec.group_size, dict(spec.kwargs)
-  if spec.estimator == "gae":
-    return adv_ops.gae(rewards_bt, batch["values"], mask, gamma=spec.gamma, lam=spec.lam)
-  if spec.estimator == "reinforce_pp":
-    advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
-    return advantages, advantages
-  if spec.estimator == "optimal_token_baseline":
-    # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
-    returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
-    advantages = advantages_group.optimal_token_baseline_advantages(
-        _to_groups(returns, g), _to_groups(batch["sampled_logp"], g),
-        _to_groups(batch["sum_sq"], g), _to_groups(mask, g), **kwargs).reshape(mask.shape)
-    return advantages, returns
-  # reinforce_pp_baseline
-  seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
+def _gae(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  return adv_ops.gae(rewards_bt, batch.old_values, mask, gamma=spec.gamma, lam=spec.lam)
+
+
+def _reinforce_pp(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  advantages = adv_ops.reinforce_pp_advantages(rewards_bt, mask, gamma=spec.gamma)
+  return advantages, advantages
+
+
+def _optimal_token_baseline(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  # G_t: reward-to-go of the outcome score (minus the KL penalties still ahead)
+  g = spec.group_size
+  returns = jnp.flip(jnp.cumsum(jnp.flip(rewards_bt * mask, 1), axis=1), 1) * mask
+  advantages = advantages_group.optimal_token_baseline_advantages(
+      _to_groups(returns, g), _to_groups(batch.sampled_logp, g),
+      _to_groups(batch.sum_sq, g), _to_groups(mask, g), **dict(spec.kwargs)).reshape(mask.shape)
+  return advantages, returns
+
+
+def _reinforce_pp_baseline(spec: AdvantageSpec, batch, rewards_bt, mask, seq_scores):
+  g = spec.group_size
   advantages = adv_ops.reinforce_pp_baseline_advantages(
       seq_scores.reshape(-1, g), _to_groups(mask, g)).reshape(mask.shape)
   return advantages, advantages
 
 
+# The token-level estimators (`rljax.ops.estimators`, level "token"): estimate(spec, batch,
+# per-token rewards [B,T], mask [B,T], sequence scores [B]) -> (advantages, returns)
+TOKEN_ESTIMATORS = {"gae": _gae, "reinforce_pp": _reinforce_pp,
+                    "optimal_token_baseline": _optimal_token_baseline,
+                    "reinforce_pp_baseline": _reinforce_pp_baseline}
+
+
+def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
+  """(advantages, returns) of the token-level estimators."""
+  rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
+  if penalty_bt is not None:   # on-policy distillation in the reward: r_t −= c·d_t
+    rewards_bt = rewards_bt - penalty_bt
+  # the sequence's score less its KL (and distillation) penalties (unused ones are not
+  # computed: this runs under `jax.jit`)
+  seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
+  return TOKEN_ESTIMATORS[spec.estimator](spec, batch, rewards_bt, mask, seq_scores)
+
+
 def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
   """Advantages of a sequence-level estimator (or GDPO), broadcast over each row's tokens."""
   g = spec.group_size
-  valid_pg = batch["valid"].reshape(-1, g)
+  valid_pg = batch.valid.reshape(-1, g)
   if spec.reward_weights:   # GDPO; validation allows it with "grpo" and no KL in reward
-    comps = batch["reward_components"]
+    comps = batch.reward_components
     adv_b = advantages_group.gdpo_advantages(
         _to_groups(comps, g), jnp.asarray(spec.reward_weights), eps=spec.eps, mask_bg=valid_pg,
         whiten_over=spec.gdpo_whiten_over,
-        lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g)).reshape(-1)
+        lengths_bg=jnp.sum(batch.completion_mask, axis=1).reshape(-1, g)).reshape(-1)
   else:
     seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
-    greedy = batch.get("greedy_scores")
+    greedy = batch.greedy_scores
     inputs = GroupInputs(mask_bg=valid_pg,
-                         lengths_bg=jnp.sum(batch["mask"], axis=1).reshape(-1, g),
+                         lengths_bg=jnp.sum(batch.completion_mask, axis=1).reshape(-1, g),
                          greedy_bg=None if greedy is None else greedy.reshape(-1, g))
     adv_b = sequence_advantages(spec.estimator, spec.kwargs, seq_scores.reshape(-1, g),
                                 inputs).reshape(-1)
@@ -94,20 +113,22 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
 
   Args:
     spec: static choices.
-    batch: dict with scores [B], valid [B] (sequences that count), mask [B,T], old_logp,
-      optionally ref_logp [B,T], values [B,T], greedy_scores [B], reward_components [B,K],
-      distill_penalty [B,T] (on-policy distillation in the reward: c·(log π_s − log π_t),
-      subtracted from each token's reward, or its sum from a sequence's score).
+    batch: an `UpdateBatch` with scores [B], valid [B] (sequences that count),
+      completion_mask [B,T], old_logp, ref_logp [B,T], old_values [B,T]; as the run needs,
+      greedy_scores [B], reward_components [B,K], sampled_logp and sum_sq [B,T] (the optimal
+      token baseline), distill_penalty [B,T] (on-policy distillation in the reward:
+      c·(log π_s − log π_t), subtracted from each token's reward, or its sum from a
+      sequence's score).
     kl_coef: current β (scalar array).
   Returns:
     (advantages [B,T], returns [B,T], kl_bt [B,T] or zeros).
   """
-  mask = batch["mask"] * batch["valid"][:, None]
-  scores = batch["scores"].astype(jnp.float32)
+  mask = batch.completion_mask * batch.valid[:, None]
+  scores = batch.scores.astype(jnp.float32)
   kl_bt = jnp.zeros(mask.shape, jnp.float32)
   if spec.kl_in_reward:
-    kl_bt = kl_ops.kl_estimate(batch["old_logp"], batch["ref_logp"], spec.kl_estimator) * mask
-  penalty_bt = batch.get("distill_penalty")
+    kl_bt = kl_ops.kl_estimate(batch.old_logp, batch.ref_logp, spec.kl_estimator) * mask
+  penalty_bt = batch.distill_penalty
   if penalty_bt is not None:
     penalty_bt = penalty_bt * mask
   estimate = _token_level if spec.token_level else _sequence_level

@@ -69,19 +69,20 @@ def worked_metrics(batch: RolloutBatch) -> dict:
 
 
 def old_policy_metrics(upd, *, with_ref: bool) -> dict:
-  """Rollout metrics that need the old policy's log-probs and entropies (in `upd`)."""
-  mask = upd["completion_mask"].astype(jnp.float32)
-  old_logp, entropy = upd["old_logp"], upd["entropy"]
-  gap = (old_logp - upd["sampler_logp"]) * mask
+  """Rollout metrics that need the old policy's log-probs and entropies (in the
+  `UpdateBatch` `upd`)."""
+  mask = upd.completion_mask.astype(jnp.float32)
+  old_logp, entropy = upd.old_logp, upd.entropy
+  gap = (old_logp - upd.sampler_logp) * mask
   metrics = {
       "train/entropy_rollout": float(masked_mean(entropy, mask)),
       "mismatch/logp_gap_mean": float(jnp.sum(jnp.abs(gap)) / jnp.maximum(jnp.sum(mask), 1)),
       "mismatch/logp_gap_max": float(jnp.max(jnp.abs(gap))),
   }
-  metrics.update(token_statistics(*parallel.gather((old_logp, entropy, upd["advantages"],
-                                                    upd["mask"]))))
+  metrics.update(token_statistics(*parallel.gather((old_logp, entropy, upd.advantages,
+                                                    upd.mask))))
   if with_ref:
-    kl_ref = kl_ops.kl_estimate(old_logp, upd["ref_logp"], "k3")
+    kl_ref = kl_ops.kl_estimate(old_logp, upd.ref_logp, "k3")
     metrics["kl/to_ref"] = float(masked_mean(kl_ref, mask))
   return metrics
 

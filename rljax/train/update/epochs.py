@@ -9,13 +9,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rljax.train.config.specs import ScheduleSpec
+from rljax.train.config.specs import LossSpec, ScheduleSpec
 from rljax.train.rollout.demonstrations import demonstration_batch
 from rljax.train.update import objective
+from rljax.train.update.batch import UpdateBatch
 from rljax.train.update.forward import ForwardFns
 
 UPDATE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask", "old_logp", "ref_logp",
                "advantages", "returns", "old_values", "token_weights", "is_weights", "rng")
+
+
+def step_fields(loss: LossSpec) -> tuple:
+  """The `UpdateBatch` fields the update step reads: `UPDATE_KEYS`, the sampler's log-probs
+  (the behaviour policy of decoupled PPO) and its experts (routing replay)."""
+  behaviour = ("sampler_logp",) if loss.decoupled_cap is not None else ()
+  replay = ("routes",) if loss.routing_replay else ()
+  return UPDATE_KEYS + behaviour + replay
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -43,17 +52,16 @@ class Epochs:
   schedule: ScheduleSpec
   rows_sharding: object
   ptx_context: object = None   # the RolloutContext of ptx demonstrations (algo.ptx_coef)
-  behaviour_logp: bool = False  # the loss reads the sampler's log-probs (decoupled PPO)
+  fields: tuple = UPDATE_KEYS   # what the update step reads (`step_fields`)
   seed: int = 0
   completion_len: int = 0
 
-  def minibatch(self, state, upd, index, *, iteration, epoch, m):
+  def minibatch(self, state, upd: UpdateBatch, index, *, iteration, epoch, m):
     """The update step's input for rows `index` of `upd`."""
-    keys = UPDATE_KEYS + (("sampler_logp",) if self.behaviour_logp else ()) + (
-        ("routes",) if "routes" in upd else ())   # routing replay
-    minibatch = take_rows({k: upd[k] for k in keys}, jnp.asarray(index), self.rows_sharding)
-    minibatch.update(self.fns.pack(upd, upd["tokens"].shape[1], upd["prompt_tokens"].shape[1],
-                                   np.asarray(index)))
+    rows = {k: getattr(upd, k) for k in self.fields}
+    minibatch = take_rows(rows, jnp.asarray(index), self.rows_sharding)
+    minibatch.update(self.fns.pack(upd.extents(), upd.tokens.shape[1],
+                                   upd.prompt_tokens.shape[1], np.asarray(index)))
     minibatch["kl_coef"] = jnp.copy(state.kl_coef)   # own buffer: the state is donated
     if self.schedule.ptx_coef:
       minibatch["ptx"] = ptx_batch(self.ptx_context, len(index),
@@ -61,13 +69,15 @@ class Epochs:
                                    completion_len=self.completion_len)
     return minibatch
 
-  def run(self, state, upd, update_key, *, train_actor: bool, iteration: int):
-    """Returns (state, mean metrics over the steps as `update/<name>`); with the old
-    log-probs taken from the update's own forward pass, `upd` gets them back in row order."""
+  def run(self, state, upd: UpdateBatch, update_key, *, train_actor: bool, iteration: int):
+    """Returns (state, mean metrics over the steps as `update/<name>`, the per-token outputs
+    of the update step in `upd`'s row order or None). The step returns per-token outputs
+    with the old log-probs taken from its own forward pass (`old_logp.FromUpdate`: one
+    minibatch); `upd` is not changed."""
     s = self.schedule
-    b = upd["mask"].shape[0]
+    b = upd.mask.shape[0]
     per_mb = b // s.minibatches
-    sums, count = {}, 0
+    sums, count, token_outputs = {}, 0, None
     for epoch in range(s.epochs):
       perm = np.asarray(jax.random.permutation(jax.random.fold_in(update_key, epoch), b))
       for m in range(s.minibatches):
@@ -75,11 +85,10 @@ class Epochs:
         minibatch = self.minibatch(state, upd, index, iteration=iteration, epoch=epoch, m=m)
         state, metrics = self.update_step(state, minibatch, jnp.asarray(train_actor))
         per_token = metrics.pop(objective.TOKEN_OUTPUTS, None)
-        if per_token is not None:   # old_logp_source="update": one minibatch, rows in `index`
+        if per_token is not None:   # rows in `index` order -> the batch's
           inverse = jnp.argsort(index)
-          upd["old_logp"], upd["entropy"] = (per_token[k][inverse]
-                                             for k in ("old_logp", "entropy"))
+          token_outputs = {k: v[inverse] for k, v in per_token.items()}
         for k, v in metrics.items():
           sums[k] = sums.get(k, 0.0) + float(v)
         count += 1
-    return state, {f"update/{k}": v / count for k, v in sums.items()}
+    return state, {f"update/{k}": v / count for k, v in sums.items()}, token_outputs

@@ -87,12 +87,14 @@ class ForwardFns:
     return pack_batch(self.mesh, self.pack_groups, lengths, completion_width, prompt_width,
                       index)
 
-  def sequences(self, batch, lengths):
-    """The forwards' input: the four sequence arrays of `batch` (and a MoE policy's
-    `routes`), plus the packing layout of its rows when the run packs (`lengths`: host
-    prompt_lengths and lengths)."""
-    out = {k: batch[k] for k in SEQUENCE_KEYS + ("routes",) * ("routes" in batch)}
-    out.update(self.pack(lengths, out["tokens"].shape[1], out["prompt_tokens"].shape[1]))
+  def sequences(self, upd):
+    """The forwards' input: the sequence arrays of the `UpdateBatch` `upd`
+    (`SEQUENCE_KEYS`; a MoE policy's `routes`), plus the packing layout of its rows when the
+    run packs."""
+    out = upd.sequences()
+    if upd.routes is not None:
+      out["routes"] = upd.routes
+    out.update(self.pack(upd.extents(), out["tokens"].shape[1], out["prompt_tokens"].shape[1]))
     return out
 
   def compile_count(self):

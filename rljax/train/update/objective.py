@@ -9,6 +9,8 @@ that does not depend on the micro-batch split: verl-project/verl#5625).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -25,6 +27,7 @@ from rljax.ops.policy_loss import apply_policy_loss
 from rljax.ops.policy_loss_common import clip_by_probability_bt
 from rljax.train.config.specs import LossSpec
 from rljax.train.update import packing, routing
+from rljax.train.update.stages import enabled
 
 
 def full_sequence(batch):
@@ -42,8 +45,8 @@ def full_sequence(batch):
 def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: bool = False):
   """Per-token log-probs and entropies of the completion tokens: ([B,T], [B,T]).
 
-  With `pack_groups` > 0 and a `rljax.train.update.packing` layout in the batch (`pack_*` keys,
-  `pack_groups` groups) the transformer runs on the packed rows, the lm head and the
+  With `pack_groups` > 0 the batch carries a `rljax.train.update.packing` layout (`pack_*`
+  keys, `pack_groups` groups) and the transformer runs on the packed rows, the lm head and the
   log-softmax on the gathered completion positions, with the same values as padded.
   With `replay` and the sampler's `routes` in the batch (a MoE policy), every MoE layer uses
   the sampler's experts (`rljax.train.update.routing`; padded layout).
@@ -54,7 +57,7 @@ def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: b
     return routing.routed_logprobs(model, tokens, positions, attention,
                                    prompt_len=batch["prompt_tokens"].shape[1],
                                    temperature=temperature, replay_ids=replay_ids)[:2]
-  if not pack_groups or "pack_src" not in batch:   # no layout: the padded computation
+  if not pack_groups:   # no layout: the padded computation
     return token_logprobs_and_entropy(
         model, tokens, positions, attention,
         prompt_len=batch["prompt_tokens"].shape[1], temperature=temperature)
@@ -96,9 +99,8 @@ def policy_terms(spec: LossSpec, logp, batch):
         eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
         ratio_level=kwargs["ratio_level"],
         behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
-  key = jax.random.wrap_key_data(batch["rng"][0]) if "rng" in batch else None
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
-                           batch["mask"], key=key)
+                           batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 
 
 def denominators(spec: LossSpec, mask):
@@ -119,8 +121,74 @@ def _sum(per_token, mask, mode, spec):
 TOKEN_OUTPUTS = "per_token"
 
 
+class Micro(NamedTuple):
+  """What the loss terms of one micro-batch read: the static spec, the models, the batch,
+  the minibatch denominators, its float mask and the current policy's outputs [b, T]."""
+
+  spec: LossSpec
+  actor: object
+  critic: object
+  batch: dict
+  denom: dict
+  mask: object
+  logp: object
+  entropy: object
+
+  def token_sum(self, per_token):
+    """Σ over the micro-batch's tokens (a token metric's share: divided by the minibatch's
+    token count after the micro-batches are summed)."""
+    return _sum(per_token, self.mask, "token_mean", self.spec)
+
+  def policy_mean(self, per_token):
+    """The micro-batch's share of the minibatch's `loss_agg` mean."""
+    return _sum(per_token, self.mask, self.spec.loss_agg, self.spec) / self.denom["policy"]
+
+
+def _entropy_bonus(m: Micro, loss):
+  return loss - m.spec.entropy_coef * m.policy_mean(m.entropy), {}
+
+
+def _kl_to_reference(m: Micro, loss):
+  spec, batch = m.spec, m.batch
+  if spec.kl_is_correction:
+    kl_bt = kl_ops.is_corrected_kl(m.logp, batch["old_logp"], batch["ref_logp"], m.mask,
+                                   kind=spec.kl_estimator)
+  else:
+    kl_bt = kl_ops.kl_estimate(m.logp, batch["ref_logp"], spec.kl_estimator)
+  kl = batch["kl_coef"] * _sum(kl_bt, m.mask, spec.loss_agg, spec) / m.denom["policy"]
+  return loss + kl, {"kl_ref": m.token_sum(kl_bt)}
+
+
+def _value_loss(m: Micro, loss):
+  values = value_forward(m.critic, m.batch)
+  vf_bt, vf_diag = value_ops.value_loss(values, m.batch["old_values"], m.batch["returns"],
+                                        m.mask, clip_range=m.spec.value_clip)
+  loss = loss + m.spec.vf_coef * m.token_sum(vf_bt) / m.denom["tokens"]
+  return loss, {"value_loss": m.token_sum(vf_bt),
+                "value_clip_frac": m.token_sum(vf_diag.clipfrac_bt)}
+
+
+def _ptx(m: Micro, loss):
+  nll_sum, _ = sft_nll(m.actor, m.batch["ptx"])
+  loss = loss + m.spec.ptx_coef * nll_sum / m.denom["ptx_tokens"]
+  return loss, {"ptx_nll": nll_sum / m.denom["ptx_tokens"] * m.denom["tokens"]}
+
+
+def _token_outputs(m: Micro, loss):
+  return loss, {TOKEN_OUTPUTS: {"old_logp": m.batch["old_logp"],
+                                "entropy": jax.lax.stop_gradient(m.entropy)}}
+
+
+# The optional terms, (the LossSpec field that turns one on, term(micro, loss) -> (loss,
+# metric sums)), in the order they are added to the policy-gradient loss
+TERMS = (("entropy_coef", _entropy_bonus), ("kl_in_loss", _kl_to_reference),
+         ("use_critic", _value_loss), ("ptx_coef", _ptx),
+         ("old_logp_from_update", _token_outputs))
+
+
 def micro_loss(spec: LossSpec, actor, critic, batch, denom):
-  """Loss of one micro-batch, normalised by the minibatch denominators.
+  """Loss of one micro-batch, normalised by the minibatch denominators: the policy
+  gradient's, MoE load balancing, and the `TERMS` the spec turns on.
 
   Returns:
     (loss scalar, metric sums): divide each metric sum by `denom["tokens"]` (token
@@ -133,46 +201,24 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
     # One update per rollout: the policy before this step is the one that is being
     # differentiated, so π_old = sg(π_θ) exactly (ratio 1, same gradient as recomputing).
     batch = {**batch, "old_logp": jax.lax.stop_gradient(logp)}
+  m = Micro(spec, actor, critic, batch, denom, mask, logp, entropy)
   loss_bt, diag = policy_terms(spec, logp, batch)
   weighted = loss_bt * batch["token_weights"] * batch["is_weights"]
   pg = _sum(weighted, mask, spec.loss_agg, spec) / denom["policy"]
   loss = spec.pg_coef * pg
-  tok = lambda x: _sum(x, mask, "token_mean", spec)  # noqa: E731
   metrics = {
-      "pg_loss": pg * denom["tokens"], "entropy": tok(entropy),
-      "clip_low": tok(diag.clip_low_bt), "clip_high": tok(diag.clip_high_bt),
-      "clip_dual": tok(diag.clip_dual_bt), "ratio": tok(diag.ratio_bt),
-      "approx_kl_old": tok(diag.approx_kl_bt),
+      "pg_loss": pg * denom["tokens"], "entropy": m.token_sum(entropy),
+      "clip_low": m.token_sum(diag.clip_low_bt), "clip_high": m.token_sum(diag.clip_high_bt),
+      "clip_dual": m.token_sum(diag.clip_dual_bt), "ratio": m.token_sum(diag.ratio_bt),
+      "approx_kl_old": m.token_sum(diag.approx_kl_bt),
   }
   by_prob = clip_by_probability_bt(batch["old_logp"], diag.clip_low_bt, diag.clip_high_bt, mask)
-  metrics.update({k: tok(v) for k, v in by_prob.items()})
+  metrics.update({k: m.token_sum(v) for k, v in by_prob.items()})
   if routed is not None:
     loss = loss + moe_balancing(spec, routed, batch, mask, denom, metrics)
-  if spec.entropy_coef:
-    ent = _sum(entropy, mask, spec.loss_agg, spec) / denom["policy"]
-    loss = loss - spec.entropy_coef * ent
-  if spec.kl_in_loss:
-    if spec.kl_is_correction:
-      kl_bt = kl_ops.is_corrected_kl(logp, batch["old_logp"], batch["ref_logp"], mask,
-                                     kind=spec.kl_estimator)
-    else:
-      kl_bt = kl_ops.kl_estimate(logp, batch["ref_logp"], spec.kl_estimator)
-    loss = loss + batch["kl_coef"] * _sum(kl_bt, mask, spec.loss_agg, spec) / denom["policy"]
-    metrics["kl_ref"] = tok(kl_bt)
-  if spec.use_critic:
-    values = value_forward(critic, batch)
-    vf_bt, vf_diag = value_ops.value_loss(values, batch["old_values"], batch["returns"],
-                                          mask, clip_range=spec.value_clip)
-    loss = loss + spec.vf_coef * tok(vf_bt) / denom["tokens"]
-    metrics["value_loss"] = tok(vf_bt)
-    metrics["value_clip_frac"] = tok(vf_diag.clipfrac_bt)
-  if spec.ptx_coef:
-    nll_sum, _ = sft_nll(actor, batch["ptx"])
-    loss = loss + spec.ptx_coef * nll_sum / denom["ptx_tokens"]
-    metrics["ptx_nll"] = nll_sum / denom["ptx_tokens"] * denom["tokens"]
-  if spec.old_logp_from_update:
-    metrics[TOKEN_OUTPUTS] = {"old_logp": batch["old_logp"],
-                              "entropy": jax.lax.stop_gradient(entropy)}
+  for term in enabled(spec, TERMS):
+    loss, term_metrics = term(m, loss)
+    metrics.update(term_metrics)
   return loss, metrics
 
 

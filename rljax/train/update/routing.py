@@ -20,8 +20,9 @@ from rljax.ops import moe_routing
 
 def replay_ids(batch, replay: bool):
   """The decoder's `replay_ids` [L_moe, B, S, k] from the batch's recorded `routes`
-  [B, S, L_moe, k], or None (no replay, or nothing recorded: a dense policy)."""
-  if not replay or "routes" not in batch:
+  [B, S, L_moe, k] with `replay` (`algo.routing_replay`: a MoE policy, whose rollouts record
+  them, and the update step's fields include them: `epochs.step_fields`), else None."""
+  if not replay:
     return None
   return replay_ids_of(batch["routes"])
 
@@ -47,9 +48,8 @@ def routed_logprobs(model, tokens, positions, attention, *, prompt_len: int, tem
 
 def token_mask(batch):
   """float32 [B, S]: the real tokens of the full sequence (real prompt tokens, then the
-  completion's mask; `completion_mask` when the batch's `mask` is a loss mask)."""
-  completion = batch.get("completion_mask", batch["mask"])
-  return jnp.concatenate([batch["prompt_mask"], completion], axis=1).astype(jnp.float32)
+  batch's completion `mask`: the update step's loss mask, the forwards' completion mask)."""
+  return jnp.concatenate([batch["prompt_mask"], batch["mask"]], axis=1).astype(jnp.float32)
 
 
 def routing_row_stats(routing, routes, mask_bs, num_experts: int) -> dict:

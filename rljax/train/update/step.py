@@ -117,7 +117,7 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   def jitted_step(state: TrainState, base, minibatch, train_actor):
     denom = objective.denominators(spec, minibatch["mask"])
-    if "ptx" in minibatch:
+    if spec.ptx_coef:   # the minibatch has the ptx demonstrations (`Epochs.minibatch`)
       denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
     grads, loss, sums, per_token = accumulate_gradients(
         micro, (state.actor, state.critic), minibatch, denom, base, num_micro)
