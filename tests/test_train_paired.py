@@ -15,7 +15,6 @@ from rljax.sampling.continuous import generate_continuous
 from rljax.train.ablate.runner import run_ablation
 from rljax.train.loop import train
 from rljax.train.run.build import build
-from rljax.train.run.iteration import draw_prompts_fn
 
 VOLATILE = ("time/", "compile/", "env/seconds")
 
@@ -82,7 +81,7 @@ def test_dynamic_sampling_rounds_do_not_shift_the_next_iterations_prompts(tmp_pa
     run = build(micro_config("grpo", tmp_path / arm))
     firsts = []
     for it in range(3):
-      draw = draw_prompts_fn(run, it)
+      draw = run.batches.draw_prompts(it)
       firsts.append([p.id for p in draw(4, 0)])
       for r in range(1, extra_rounds + 1):
         draw(4, r)
