@@ -138,7 +138,7 @@ def test_ablation_report_schema_a_a_control_compile_reuse_and_finished_runs(tmp_
   def no_training(config):
     raise AssertionError(f"trained {config.run.dir} again")
 
-  monkeypatch.setattr(runner, "train", no_training)
+  monkeypatch.setattr(runner, "train_validated", no_training)
   run_ablation("experiments/dapo.py", **options, report_only=True)
   again = json.loads((tmp_path / "ab" / "report.json").read_text())
   assert again["runs_reused"] == 6 and "rebuild_s" in again
