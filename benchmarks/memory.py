@@ -66,7 +66,7 @@ def _built(config):
   """(run, fresh placed state, compiled iteration pieces): the trainer internals this
   benchmark needs, imported here only."""
   from rljax.train.run.build import build
-  from rljax.train.run.trainer import make_trainer
+  from rljax.train.run.iteration import make_trainer
   run = build(config)
   state = run.params.init_state(run.params.initial_actor)
   return run, state, make_trainer(run, state)

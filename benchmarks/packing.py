@@ -44,7 +44,7 @@ def _setup(pack: bool, shape: dict):
   configuration; the trainer internals a benchmark needs, imported here only."""
   from rljax.train.config import load_config
   from rljax.train.run.build import build
-  from rljax.train.run.trainer import make_trainer
+  from rljax.train.run.iteration import make_trainer
   over = {"model.vocab_size": shape["vocab"], "model.hidden_size": shape["width"],
           "model.intermediate_size": shape["mlp"], "model.num_layers": shape["layers"],
           "model.num_heads": shape["heads"], "model.num_kv_heads": shape["kv_heads"],

@@ -48,7 +48,7 @@ def trainer_modules():
   from rljax.train.config import base_config, validate
   from rljax.train.config.from_config import build_specs
   from rljax.train.params import Params
-  from rljax.train.run.components import optimizer
+  from rljax.train.run.task_and_models import optimizer
   from rljax.train.update import objective
   from rljax.train.update.forward import ForwardFns
   from rljax.train.update.step import build_update_step

@@ -5,6 +5,7 @@ validation, `--check` after loading the files a config names, and the trainer an
 ablation runner are replaced by recorders where `main` would call them.
 """
 
+import collections
 import json
 import os
 import pathlib
@@ -15,7 +16,9 @@ import pytest
 
 from rljax import cli
 from rljax.cli import commands
-from rljax.train.config import load_config, parse_override_value
+from rljax.train.ablate import runner
+from rljax.train.config import load_config, loading, parse_override_value
+from rljax.train.run import loop
 
 REPO = pathlib.Path(__file__).parent.parent
 
@@ -142,7 +145,8 @@ def test_ablate_validates_every_step_and_seed_with_the_same_values():
 def test_ablate_hands_the_runner_values_it_reads_back_exactly(monkeypatch, capsys):
   seen = {}
 
-  def fake_run_ablation(experiment, *, out_dir, overrides, seeds, steps, aa, report_only):
+  def fake_run_ablation(experiment, *, out_dir, overrides, seeds, steps, aa, report_only, module,
+                        runs):
     seen.update(experiment=experiment, out_dir=out_dir, seeds=seeds, steps=steps,
                 values={k: parse_override_value(v) for k, v in
                         (item.split("=", 1) for item in overrides)})
@@ -164,12 +168,51 @@ def test_ablate_hands_the_runner_values_it_reads_back_exactly(monkeypatch, capsy
 
 def test_train_runs_the_validated_config(monkeypatch, capsys):
   seen = []
-  monkeypatch.setattr(commands, "train", lambda config: seen.append(config) or {"acc": 1.0})
+  monkeypatch.setattr(commands, "train_validated",
+                      lambda config: seen.append(config) or {"acc": 1.0})
   cli.main(["train", "--config", "experiments/grpo.py", "--config.run.iterations=3",
             "--config.task.reward_fns=[\"examples/reverse_task.py:brevity\"]"])
   assert seen[0].run.iterations == 3
   assert list(seen[0].task.reward_fns) == ["examples/reverse_task.py:brevity"]
   assert capsys.readouterr().out.strip() == 'RESULT {"acc": 1.0}'
+
+
+class _Stop(Exception):
+  """Raised where the command would start training."""
+
+
+def _counted(monkeypatch, counts, module, name, key):
+  fn = getattr(module, name)
+
+  def wrapped(*args, **kwargs):
+    counts[key] += 1
+    return fn(*args, **kwargs)
+  monkeypatch.setattr(module, name, wrapped)
+
+
+def _stop(*args, **kwargs):
+  raise _Stop
+
+
+def test_train_parses_once_validates_once_and_ablate_imports_once(monkeypatch, tmp_path):
+  """`rljax train` reads its command line once and validates the config once (by
+  `load_config`, not again in the loop); `rljax ablate` imports the experiment file once
+  for the step check, every step's config and the runner."""
+  counts = collections.Counter()
+  _counted(monkeypatch, counts, commands, "parse_train_args", "parse")
+  for module in (loading, loop):
+    _counted(monkeypatch, counts, module, "validate", "validate")
+  monkeypatch.setattr(loop, "_Session", _stop)
+  with pytest.raises(_Stop):
+    cli.main(["train", "--config", "experiments/grpo.py", "--config.run.iterations=3"])
+  assert counts == {"parse": 1, "validate": 1}
+  for module in (commands, loading, runner):
+    _counted(monkeypatch, counts, module, "import_experiment", "import")
+  monkeypatch.setattr(runner, "enable_persistent_cache", _stop)
+  with pytest.raises(_Stop):
+    cli.main(["ablate", "experiments/dapo.py", "--seeds", "0-1", "--out", str(tmp_path)])
+  assert counts["import"] == 1
+  assert counts["validate"] == 1 + 12   # 6 steps x 2 seeds, once each
 
 
 def test_check_loads_named_files_and_reports_missing_ones(tmp_path, capsys):

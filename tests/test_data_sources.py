@@ -20,7 +20,7 @@ from rljax.data.records_task import RecordsTask, make_answer_extractor, tagged_d
 from rljax.data.sources import load_hf_rows, load_tfds_rows
 from rljax.train.config import ConfigError, apply_overrides, base_config, validate
 from rljax.train.loop import train
-from rljax.train.run.components import build_task
+from rljax.train.run.task_and_models import build_task
 
 GSM8K = dict(prompt_field="question", answer_field="answer", solution_field="answer",
              answer_extractor="gsm8k")
@@ -217,7 +217,7 @@ def test_tfds_errors_name_the_field(tfds_dir, tmp_path):
 def test_optional_libraries_are_imported_only_when_used(tmp_path):
   path = write_jsonl(tmp_path / "g.jsonl", gsm8k_rows(30))
   code = ("import sys; from rljax.train.config import base_config; "
-          "from rljax.train.run.components import build_task; c = base_config(); "
+          "from rljax.train.run.task_and_models import build_task; c = base_config(); "
           f"c.task.name = 'jsonl'; c.task.jsonl_path = {path!r}; "
           "c.task.prompt_field = 'question'; c.task.answer_extractor = 'gsm8k'; "
           "t = build_task(c); assert len(t.train_prompts()) > 20; "

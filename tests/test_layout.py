@@ -14,8 +14,8 @@ TRAIN_ROOMS = ("config", "params", "rollout", "update", "run", "ablate")
 ROOM_ORDER = ("ablate", "run", "update", "rollout", "params", "config")
 # The code that reads the ConfigDict: loading and validation, the spec and object builders,
 # the command line (and `rljax eval`, which rebuilds a saved config).
-CONFIG_READERS = ("train/config/", "train/run/build.py", "train/run/components.py",
-                  "train/run/evaluate_run.py", "train/ablate/", "cli/", "analysis/")
+CONFIG_READERS = ("train/config/", "train/run/build.py", "train/run/task_and_models.py",
+                  "train/ablate/", "cli/", "analysis/")
 # Function-level imports of rljax modules that must stay lazy: none.
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 50

@@ -20,7 +20,7 @@ from rljax.models.testing import perturb_params, tiny_config
 from rljax.parallel import make_mesh
 from rljax.sampling import SamplingParams, generate
 from rljax.train.config import ConfigError, base_config, validate
-from rljax.train.run.components import tiny_model_config
+from rljax.train.run.task_and_models import tiny_model_config
 
 B, H, K, DH = 2, 4, 2, 8
 

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from rljax.ops.shaping import RunningMoments
 from rljax.plan.abstract import abstract_run
 from rljax.plan.programs import minibatch
-from rljax.train.run.iteration import iteration_keys, sample_now
+from rljax.train.rollout.train_batches import iteration_keys, sample_now
 from tests.train_micro import built, micro_config
 
 
@@ -37,7 +37,7 @@ def test_plan_state_and_minibatch_are_the_trainers(tmp_path, extra):
   assert jax.tree.structure(plan.state) == jax.tree.structure(state)
   assert _described(plan.state) == _described(state)
 
-  sampled = sample_now(trainer, state, 0, run.params.model(state))
+  sampled = sample_now(run.batches, state.rng, 0, run.params.model(state))
   key = iteration_keys(state.rng, 0)["update"]
   upd, _, _ = trainer.preparer.prepare(state, sampled.batch, key, RunningMoments.create())
   rows = plan.shapes.minibatch

@@ -14,10 +14,11 @@ from rljax.train.config.from_config import distill_spec
 from rljax.train.loop import train
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import collect
+from rljax.train.rollout.train_batches import sample_now
 from rljax.train.run.build import build
-from rljax.train.run.iteration import draw_prompts_fn, rl_iteration, sample_now
+from rljax.train.run.iteration import rl_iteration
+from rljax.train.run.loop import train_teacher_if_absent
 from rljax.train.run.rejection_sft import RejectionSFT, phase_key, phase_prompts
-from rljax.train.run.teacher_recipe import train_teacher_if_absent
 
 # a teacher wider and deeper than the micro student (32 wide, 1 layer)
 WIDER = {"model.hidden_size": 48, "model.intermediate_size": 96, "model.num_layers": 2}
@@ -49,7 +50,7 @@ def test_teacher_equal_to_the_student_gives_a_zero_term(tmp_path):
                                              "algo.distill_only": True})
   run, state, trainer = built(config)
   key = jax.random.key(3)
-  batch, _ = collect(run.rollouts, run.params.model(state), draw_prompts_fn(run, 0),
+  batch, _ = collect(run.rollouts, run.params.model(state), run.batches.draw_prompts(0),
                      lambda round_: key, run.specs.rollout)
   upd, metrics, _ = trainer.preparer.prepare(state, batch, key, RunningMoments.create())
   assert metrics["distill/reverse_kl"] == 0.0
@@ -77,7 +78,7 @@ def test_teacher_stays_frozen_outside_the_train_state(tmp_path):
   assert teacher_shapes and not teacher_shapes & {x.shape for x in jax.tree.leaves(state)}
 
   before_student = _leaves(state.actor)
-  sampled = sample_now(trainer, state, 0, run.params.model(state))
+  sampled = sample_now(run.batches, state.rng, 0, run.params.model(state))
   state, metrics, _, _ = rl_iteration(trainer, state, 0, RunningMoments.create(), sampled)
   assert np.isfinite(metrics["distill/reverse_kl"]) and metrics["update/skipped"] == 0
   assert any(np.any(a != b) for a, b in zip(_leaves(state.actor), before_student))

@@ -168,7 +168,7 @@ def test_microbatch_split_does_not_change_the_update(spec, agg, tmp_path):
 
 
 def test_eval_command_restores_the_latest_checkpoint(tmp_path):
-  from rljax.train.run.evaluate_run import evaluate_run
+  from rljax.train.run.heldout import evaluate_run
 
   config = micro_config("grpo", tmp_path, **{"run.iterations": 1})
   result = train(config)

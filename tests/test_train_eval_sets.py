@@ -93,7 +93,7 @@ def test_invalid_sets_are_named(change, field):
 def test_a_set_that_shares_prompts_with_training_is_warned_about(tmp_path, capsys):
   """An `eval.sets` entry pointing at the training JSONL scores training prompts: the run
   says how many (90 % of the file's 40 rows train; the set reads all 40)."""
-  from rljax.train.rollout.eval_sets import training_overlap
+  from rljax.train.rollout.evaluate import training_overlap
   from rljax.train.run.build import build
 
   path = tmp_path / "data.jsonl"

@@ -15,7 +15,6 @@ from rljax.sampling.continuous import generate_continuous
 from rljax.train.ablate.runner import run_ablation
 from rljax.train.loop import train
 from rljax.train.run.build import build
-from rljax.train.run.iteration import draw_prompts_fn
 
 VOLATILE = ("time/", "compile/", "env/seconds")
 
@@ -82,7 +81,7 @@ def test_dynamic_sampling_rounds_do_not_shift_the_next_iterations_prompts(tmp_pa
     run = build(micro_config("grpo", tmp_path / arm))
     firsts = []
     for it in range(3):
-      draw = draw_prompts_fn(run, it)
+      draw = run.batches.draw_prompts(it)
       firsts.append([p.id for p in draw(4, 0)])
       for r in range(1, extra_rounds + 1):
         draw(4, r)
@@ -139,7 +138,7 @@ def test_ablation_report_schema_a_a_control_compile_reuse_and_finished_runs(tmp_
   def no_training(config):
     raise AssertionError(f"trained {config.run.dir} again")
 
-  monkeypatch.setattr(runner, "train", no_training)
+  monkeypatch.setattr(runner, "train_validated", no_training)
   run_ablation("experiments/dapo.py", **options, report_only=True)
   again = json.loads((tmp_path / "ab" / "report.json").read_text())
   assert again["runs_reused"] == 6 and "rebuild_s" in again

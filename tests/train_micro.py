@@ -34,7 +34,7 @@ def built(config):
   """(run, fresh placed state, trainer) of a config: `rljax.train.run.build` and the
   compiled iteration pieces, without SFT or a rollout."""
   from rljax.train.run.build import build
-  from rljax.train.run.trainer import make_trainer
+  from rljax.train.run.iteration import make_trainer
 
   run = build(config)
   state = run.params.init_state(run.params.initial_actor)

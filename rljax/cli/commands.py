@@ -20,11 +20,17 @@ from rljax.rewards.user import user_reward_terms
 from rljax.train.ablate.finished import finished_runs
 from rljax.train.ablate.runner import plan as ablation_plan
 from rljax.train.ablate.runner import run_ablation
-from rljax.train.config import ConfigError, import_experiment, load_config, validate
+from rljax.train.config import (
+  ConfigError,
+  import_experiment,
+  load_config,
+  saved_config,
+  validate,
+)
 from rljax.train.config.defaults import distill_teacher_dir
-from rljax.train.run.components import build_task
-from rljax.train.run.evaluate_run import evaluate_run, saved_config
-from rljax.train.run.loop import train
+from rljax.train.run.heldout import evaluate_run
+from rljax.train.run.loop import train_validated
+from rljax.train.run.task_and_models import build_task
 
 
 def check_named_files(config) -> list[str]:
@@ -122,21 +128,25 @@ def train_config(argv):
     UsageError: the command line; rljax.train.config.ConfigError: the config; the
       experiment file's own errors (e.g. an unknown variant).
   """
-  args = parse_train_args(argv)
+  return _train_config(parse_train_args(argv))
+
+
+def _train_config(args: TrainArgs):
   return load_config(args.spec, typed_overrides(args.overrides))
 
 
 def train_command(argv):
-  """`rljax train ARGV`: the run (or, with --check, the validated config and its files)."""
+  """`rljax train ARGV`: the run (or, with --check, the validated config and its files).
+  The command line is parsed once and the config validated once (by `load_config`)."""
   args = parse_train_args(argv)
-  config = _or_exit("rljax train", train_config, argv)
+  config = _or_exit("rljax train", _train_config, args)
   if args.check:
     lines = _or_exit("rljax train", check_named_files, config)
     print("\n".join([f"rljax train --check: {args.spec} is valid (run.dir={config.run.dir})",
                      *lines, "nothing was trained or written"]))
     return config
 
-  result = train(config)
+  result = train_validated(config)
   print("RESULT " + json.dumps(result))
   return result
 
@@ -163,15 +173,19 @@ def _ablate_parser():
 
 
 def _ablate_args(argv):
+  """(parsed arguments, the runner's options): the options carry the experiment file,
+  imported once here (`module`), which the plan and the runner read."""
   args = _ablate_parser().parse_args(argv)
   if not pathlib.Path(args.experiment).is_file():
     raise UsageError(f"experiment file not found: {args.experiment}")
   sets = typed_overrides(dict(split_set(item) for item in args.set))
   steps = [s.strip() for s in args.steps.split(",") if s.strip()] or None
-  if steps is None and not getattr(import_experiment(args.experiment), "ABLATION_STEPS", None):
+  module = import_experiment(args.experiment)
+  if steps is None and not getattr(module, "ABLATION_STEPS", None):
     raise UsageError(f"{args.experiment} defines no ABLATION_STEPS tuple (or pass --steps)")
   return args, dict(out_dir=args.out, seeds=parse_seeds(args.seeds), steps=steps, aa=args.aa,
-                    overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()])
+                    overrides=[f"{k}={canonical_text(v)}" for k, v in sets.items()],
+                    module=module)
 
 
 def ablate_configs(argv):
@@ -183,9 +197,10 @@ def ablate_configs(argv):
 
 
 def ablate_command(argv):
-  """`rljax ablate ARGV`: every step of the experiment file over the seeds, and the report."""
+  """`rljax ablate ARGV`: every step of the experiment file over the seeds, and the report.
+  The experiment file is imported once and every run's config validated once, up front."""
   args, options = _or_exit("rljax ablate", _ablate_args, argv)
-  plan = _or_exit("rljax ablate", ablate_configs, argv)   # every step validated up front
+  plan = _or_exit("rljax ablate", lambda: ablation_plan(args.experiment, **options))
   if args.check:
     lines = []
     for step, seed, config in plan:
@@ -197,7 +212,7 @@ def ablate_command(argv):
                      "nothing was trained or written"]))
     return plan
   _or_exit("rljax ablate", lambda: finished_runs(plan, report_only=args.report_only))
-  report = run_ablation(args.experiment, **options, report_only=args.report_only)
+  report = run_ablation(args.experiment, **options, report_only=args.report_only, runs=plan)
   print(f"report: {report}")
   return report
 
@@ -213,7 +228,10 @@ def _eval_parser():
 def eval_config(argv):
   """The validated config of the run `rljax eval ARGV` would evaluate (its config.json on
   top of the base config, so runs saved before a field existed still read)."""
-  args = _eval_parser().parse_args(argv)
+  return _eval_config(_eval_parser().parse_args(argv))
+
+
+def _eval_config(args):
   if not (pathlib.Path(args.run) / "config.json").is_file():
     raise UsageError(f"{args.run} holds no config.json: is it a run directory?")
   return validate(saved_config(args.run))
@@ -222,7 +240,7 @@ def eval_config(argv):
 def eval_command(argv):
   """`rljax eval --run DIR`: the latest checkpoint's held-out metrics as a RESULT line."""
   args = _eval_parser().parse_args(argv)
-  config = _or_exit("rljax eval", eval_config, argv)
+  config = _or_exit("rljax eval", _eval_config, args)
   if args.check:
     print(f"rljax eval --check: {args.run}/config.json is valid; nothing was evaluated")
     return config

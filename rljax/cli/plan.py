@@ -71,15 +71,18 @@ def plan_config(argv):
     UsageError, TopologyError, ConfigError (and the experiment file's own errors).
   """
   options, rest = split_plan_args(argv)
-  args = parse_train_args(rest)
+  return _plan_config(options, parse_train_args(rest))
+
+
+def _plan_config(options, args):
   topology = parse_topology(options["topology"])
   chips = topology.chips or len(jax.devices())
   return load_config(args.spec, typed_overrides(args.overrides), num_devices=chips), topology
 
 
-def _check(argv):
+def _check(options, args):
   try:
-    config, topology = plan_config(argv)
+    config, topology = _plan_config(options, args)
   except (TopologyError, ConfigError, FileNotFoundError, KeyError, ValueError) as e:
     _fail(e.args[0] if isinstance(e, KeyError) and e.args else str(e))
   p = config.parallel
@@ -95,7 +98,7 @@ def plan_command(argv):
   options, rest = split_plan_args(argv)
   args = parse_train_args(rest)
   if options["check"]:
-    return _check(argv)
+    return _check(options, args)
   # compile-only executables cannot be read back from a persistent cache (no TPU client):
   # writing them there would only fill it
   jax.config.update("jax_enable_compilation_cache", False)

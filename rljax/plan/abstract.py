@@ -3,7 +3,7 @@ as abstract parameters with the trainer's shardings, the TrainState `Params.init
 would make, and the shapes of its batches.
 
 Everything comes from the trainer's own builders (`rljax.train.run.build.meshes`,
-`rljax.train.run.components.model_config`, `build_specs`, `Params`, the optimizers); the
+`rljax.train.run.task_and_models.model_config`, `build_specs`, `Params`, the optimizers); the
 parameters are `nnx.eval_shape`d, so a 70B model costs no memory here.
 """
 
@@ -33,7 +33,7 @@ from rljax.train.params.offload import HOST_MEMORY_KIND
 from rljax.train.params.state import optimizer_shardings
 from rljax.train.params.teacher import is_run_dir
 from rljax.train.rollout.single_turn import static_waves
-from rljax.train.run import components
+from rljax.train.run import task_and_models
 from rljax.train.run.build import meshes
 
 
@@ -137,9 +137,9 @@ def model_and_tokenizer(config):
   needs_tokenizer = not config.plan.prompt_len or not (m.hf_path or m.hf_config or m.vocab_size)
   tokenizer = task = None
   if needs_tokenizer:
-    task = components.build_task(config)
-    tokenizer = components.build_tokenizer(config, task)
-  model_cfg = components.model_config(config, tokenizer.vocab_size if tokenizer else 0)
+    task = task_and_models.build_task(config)
+    tokenizer = task_and_models.build_tokenizer(config, task)
+  model_cfg = task_and_models.model_config(config, tokenizer.vocab_size if tokenizer else 0)
   return model_cfg, tokenizer, task
 
 
@@ -147,18 +147,18 @@ def prompt_columns(config, model_cfg, tokenizer, task) -> int:
   """P: `plan.prompt_len`, else the task's prompt bucket as `rljax train` computes it."""
   if config.plan.prompt_len:
     return int(config.plan.prompt_len)
-  return components.prompt_length(config, task, tokenizer, model_cfg.max_position_embeddings)
+  return task_and_models.prompt_length(config, task, tokenizer, model_cfg.max_position_embeddings)
 
 
 def teacher_config(config) -> ModelConfig | None:
-  """The distillation teacher's architecture as `components.build_teacher` would load it (a
+  """The distillation teacher's architecture as `task_and_models.build_teacher` would load it (a
   run directory's model or a Hugging Face directory's config.json; `distill_teacher_dtype`
   or the source's own), or None without a teacher or when its directory is not there."""
   source, dtype = distill_teacher_dir(config), config.algo.distill_teacher_dtype
   if not source or not pathlib.Path(source).is_dir():
     return None
   if is_run_dir(source):
-    cfg = components.model_config(saved_config(source), 0)
+    cfg = task_and_models.model_config(saved_config(source), 0)
     return cfg.replace(dtype=dtype, param_dtype=dtype) if dtype else cfg
   return config_from_hf(hf_config_dict(source), dtype=dtype or None, param_dtype=dtype or None)
 
@@ -185,14 +185,14 @@ def _shapes(config, specs: Specs, prompt_len: int, sampler_mesh) -> Shapes:
 def _params(config, model_cfg, mesh, specs: Specs) -> Params:
   seed = config.run.seed
   actor_gd, actor = abstract_module(
-      lambda: components.add_lora_of(config, Decoder(model_cfg, rngs=nnx.Rngs(seed))), mesh)
+      lambda: task_and_models.add_lora_of(config, Decoder(model_cfg, rngs=nnx.Rngs(seed))), mesh)
   critic_gd = critic = None
   if config.algo.advantage == "gae":
     critic_gd, critic = abstract_module(
         lambda: ValueModel(model_cfg, rngs=nnx.Rngs(seed + 1)), mesh)
   return Params(actor_graphdef=actor_gd, critic_graphdef=critic_gd, initial_actor=actor,
-                initial_critic=critic, actor_tx=components.optimizer(config, config.optim.actor_lr),
-                critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
+                initial_critic=critic, actor_tx=task_and_models.optimizer(config, config.optim.actor_lr),
+                critic_tx=task_and_models.optimizer(config, config.optim.critic_lr), mesh=mesh,
                 sources=specs.sources, seed=seed, lora=bool(config.model.lora_rank))
 
 

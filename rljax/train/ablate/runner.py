@@ -1,7 +1,7 @@
 """`rljax ablate`: every step of an experiment file over seeds, paired, and the verdicts.
 
 The arms of one seed share the SFT start, the prompt order and the sampling keys (common
-random numbers: `rljax.train.run.iteration.iteration_keys`, `rljax.sampling.filters
+random numbers: `rljax.train.rollout.train_batches.iteration_keys`, `rljax.sampling.filters
 .stream_uniforms`), and are evaluated on the same held-out prompts with the same sampling
 noise, so each step is compared with the previous and with the first one seed by seed and
 prompt by prompt (`rljax.analysis.effects`). Compiled programs are shared across the runs
@@ -29,9 +29,10 @@ from rljax.train.ablate.outcomes import (
     start_diagnostics,
 )
 from rljax.train.ablate.table import summarize
-from rljax.train.config import import_experiment, load_config, parse_override_value
+from rljax.train.config import import_experiment, parse_override_value
+from rljax.train.config.loading import module_config
 from rljax.train.run import provenance
-from rljax.train.run.loop import train
+from rljax.train.run.loop import train_validated
 
 # Evaluation with power, unless the experiment file (`ABLATION_DEFAULTS`) or `--set` says
 # otherwise: 512 held-out prompts, avg@8 as the primary outcome, pass@64 on 128 of them.
@@ -99,10 +100,15 @@ def step_list(module, experiment, steps=None, *, aa=False) -> list:
   return steps
 
 
-def plan(experiment, *, out_dir=None, overrides=(), seeds=None, steps=None, aa=False):
-  """[(step, seed, config)] of every run, validated before anything runs (`step_list`)."""
+def plan(experiment, *, out_dir=None, overrides=(), seeds=None, steps=None, aa=False,
+         module=None):
+  """[(step, seed, config)] of every run, validated before anything runs (`step_list`).
+
+  Args:
+    module: the experiment file, imported (default: imported here, once).
+  """
   path = pathlib.Path(experiment)
-  module = import_experiment(path)
+  module = module or import_experiment(path)
   steps = step_list(module, experiment, steps, aa=aa)
   out = pathlib.Path(out_dir or f"runs/ablate_{path.stem}")
   sets = {**ABLATION_DEFAULTS, **getattr(module, "ABLATION_DEFAULTS", {}),
@@ -115,7 +121,7 @@ def plan(experiment, *, out_dir=None, overrides=(), seeds=None, steps=None, aa=F
       extra = {"run.dir": str(where), "run.sample_stream": stream}
       if seed is not None:
         extra["run.seed"] = seed
-      runs.append((step, seed, load_config(f"{experiment}:{base}", {**sets, **extra})))
+      runs.append((step, seed, module_config(module, base, {**sets, **extra}, path=path)))
   check_verdict_settings(module, runs[0][2])
   return runs
 
@@ -154,7 +160,7 @@ def runs_provenance(run_dirs) -> dict:
 
 
 def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None, steps=None, aa=False,
-                 report_only=False):
+                 report_only=False, module=None, runs=None):
   """Runs every step of `experiment` (its `ABLATION_STEPS`, or `steps`) for every seed;
   writes report.md, report.json, the forest plot and the curves; returns report.md's path.
   A run directory that holds the finished run of the same config is read, not trained
@@ -166,14 +172,17 @@ def run_ablation(experiment, *, out_dir=None, overrides=(), seeds=None, steps=No
     steps: step names to run instead of `ABLATION_STEPS` ("STEP@LABEL": an A/A copy).
     aa: add an A/A copy of the first step (`FIRST@aa`).
     report_only: train nothing; every run must be finished.
+    module: the experiment file, imported (default: imported here, once).
+    runs: `plan(...)` of these arguments, made already (`rljax ablate` validates it first).
   """
   path = pathlib.Path(experiment)
   out = pathlib.Path(out_dir or f"runs/ablate_{path.stem}")
-  runs = plan(experiment, out_dir=out, overrides=overrides, seeds=seeds, steps=steps, aa=aa)
+  module = module or import_experiment(path)
+  runs = runs or plan(experiment, out_dir=out, overrides=overrides, seeds=seeds, steps=steps,
+                      aa=aa, module=module)
   out.mkdir(parents=True, exist_ok=True)
   cache_dir = enable_persistent_cache(out / "jax_cache")
   counter = CompileCounter()
-  module = import_experiment(path)
   mechanisms = dict(getattr(module, "MECHANISMS", {}))
   tracked = sorted(set(mechanisms.values()))
   t0 = time.perf_counter()
@@ -218,7 +227,7 @@ def _run_all(runs, done, out, counter, tracked) -> dict:
   for (step, seed, config), result in zip(runs, done):
     if result is None:
       before = counter.snapshot()
-      result = train(config)
+      result = train_validated(config)
       got["compiles"].append({"step": step, "seed": seed,
                               **counter.since(before, counter.snapshot())})
     run_dir = config.run.dir

@@ -45,10 +45,21 @@ def load_config(spec: str, overrides: dict | None = None, *,
   path = pathlib.Path(path_str)
   if not path.is_file():
     raise FileNotFoundError(f"experiment file not found: {path}")
-  module = import_experiment(path)
+  return module_config(import_experiment(path), arg, overrides, num_devices=num_devices,
+                       path=path)
+
+
+def module_config(module, arg: str | None, overrides: dict | None = None, *,
+                  num_devices: int | None = None, path=None) -> ConfigDict:
+  """`load_config` of an experiment file imported already (`import_experiment`): an ablation
+  builds every step's config from one import.
+
+  Args:
+    path: the file's path, for the error message (default: the module's `__file__`).
+  """
   if not callable(getattr(module, "get_config", None)):
-    raise ValueError(f"{path} defines no get_config(arg) function: an experiment file returns "
-                     "its config from get_config(arg: str | None)")
+    raise ValueError(f"{path or module.__file__} defines no get_config(arg) function: an "
+                     "experiment file returns its config from get_config(arg: str | None)")
   config = module.get_config(arg or None)
   config.lock()
   apply_overrides(config, overrides or {})

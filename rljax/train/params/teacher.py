@@ -3,7 +3,7 @@
 A model beside the run's parameters, never inside the `TrainState`: it gets no gradient,
 no optimizer state and no checkpoint (the directory it was loaded from is its checkpoint),
 and its parameters sit on the run's mesh, sharded by their logical axes like the policy's
-and the reference's (`rljax.parallel.shard_model`). `rljax.train.run.components` builds it
+and the reference's (`rljax.parallel.shard_model`). `rljax.train.run.task_and_models` builds it
 from the config; here are the parts that do not read a config: the `Teacher`, restoring an
 rljax run's policy parameters, and the tokenizer comparison.
 """

@@ -4,6 +4,11 @@ The run chooses once, at setup (`make_rollouts`): a `SingleTurn` rollout (static
 continuous batching) or an `Episodic` one (an environment per row, `task.env`). Both
 answer `sample_and_score(model, prompts, rng, *, sampling=None) -> RolloutBatch`, which
 `collect` (dynamic sampling, ReMax's greedy baseline) and `evaluate` use.
+
+The training batch of iteration t (`train_batches.TrainBatches`: its keys, prompts and
+scored rollout) is sampled now by the current policy, or ahead by a sampler thread
+(`async_rollouts`, with `sampling.max_staleness`); `sources.make_source` picks one for the
+loop, and `inflight` checkpoints the batches sampled ahead.
 """
 
 from rljax.train.rollout.batch import EpisodeRecords, RolloutBatch

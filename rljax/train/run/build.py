@@ -1,6 +1,6 @@
 """Build everything a run needs from a validated config (once, before the loop).
 
-`build(config) -> Run` is where the ConfigDict ends: the specs, the task and its reward,
+`build(config) -> Setup` is where the ConfigDict ends: the specs, the task and its reward,
 the tokenizer, the models on their mesh (`Params`), the rollouts (single-turn or
 episodic, chosen here), the prompt sampler. Nothing after it reads the config.
 """
@@ -8,6 +8,7 @@ episodic, chosen here), the prompt sampler. Nothing after it reads the config.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from flax import nnx
 
@@ -21,13 +22,24 @@ from rljax.train.config.from_config import build_specs
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params
 from rljax.train.rollout import RolloutContext, make_rollouts
-from rljax.train.rollout.eval_sets import EvalSet, eval_context, overlap_warning
-from rljax.train.run import components
+from rljax.train.rollout.evaluate import EvalSet, eval_context, overlap_warning
+from rljax.train.rollout.train_batches import TrainBatches
+from rljax.train.run.task_and_models import (
+    build_models,
+    build_task,
+    build_teacher,
+    build_tokenizer,
+    eval_set_task,
+    optimizer,
+    prompt_length,
+    task_rewards,
+    verifier_reward,
+)
 from rljax.train.update.advantages import gdpo_terms
 
 
 @dataclasses.dataclass
-class Run:
+class Setup:
   """What `build` makes of a config: the specs and the objects the loop works with.
 
   Attributes:
@@ -35,7 +47,6 @@ class Run:
       tokenizer, prompt columns, sampling parameters, reward and mesh).
     ood: (rollouts, prompts) of the out-of-distribution evaluation split, or None.
     prompt_sampler: uniform | curriculum | prioritized (`rljax.data.samplers`).
-    prompt_index: prompt id -> index into `task.train_prompts()`.
     config_json: the resolved config, written to the run directory.
     eval_sets: the named evaluation sets of `eval.sets` besides `heldout` (`EvalSet`s).
   """
@@ -48,7 +59,6 @@ class Run:
   rollouts: object
   ood: object
   prompt_sampler: object
-  prompt_index: dict
   mesh: object
   config_json: str
   eval_sets: tuple = ()
@@ -56,6 +66,12 @@ class Run:
   @property
   def ctx(self) -> RolloutContext:
     return self.rollouts.ctx
+
+  @functools.cached_property
+  def batches(self) -> TrainBatches:
+    """What samples the training batches (the rollouts, the prompt sampler, the seed)."""
+    return TrainBatches(self.rollouts, self.prompt_sampler, self.specs.rollout,
+                        seed=self.specs.run.seed, sample_stream=self.specs.run.sample_stream)
 
   def heldout_prompts(self) -> list:
     """The held-out prompts evaluated: the task's split, its first `eval.sets.heldout.size`
@@ -85,8 +101,8 @@ def _params(config, actor, critic, mesh, specs: Specs, sampler_mesh=None,
   return Params(
       actor_graphdef=actor_graphdef, critic_graphdef=critic_graphdef,
       initial_actor=actor_state, initial_critic=critic_state,
-      actor_tx=components.optimizer(config, config.optim.actor_lr),
-      critic_tx=components.optimizer(config, config.optim.critic_lr), mesh=mesh,
+      actor_tx=optimizer(config, config.optim.actor_lr),
+      critic_tx=optimizer(config, config.optim.critic_lr), mesh=mesh,
       sources=specs.sources, seed=specs.run.seed, lora=bool(config.model.lora_rank),
       critic_from_policy=not config.algo.critic_init_path, sampler_mesh=sampler_mesh,
       teacher=teacher)
@@ -116,13 +132,13 @@ def _eval_sets(config, specs: Specs, rollouts, max_positions) -> tuple:
   warning for a set that shares prompts with training (`overlap_warning`)."""
   sets = []
   for spec in specs.eval_sets:
-    task, prompts, budget = components.eval_set_task(config, spec, rollouts.ctx.task)
+    task, prompts, budget = eval_set_task(config, spec, rollouts.ctx.task)
     warning = overlap_warning(spec.name, prompts, rollouts.ctx.task.train_prompts())
     if warning:
       print(warning)
     set_rollouts = rollouts
     if task is not rollouts.ctx.task:
-      ctx = eval_context(rollouts.ctx, task, prompts, components.verifier_reward(task, config),
+      ctx = eval_context(rollouts.ctx, task, prompts, verifier_reward(task, config),
                          budget=max(specs.rollout.max_new_tokens, budget),
                          max_positions=max_positions)
       set_rollouts = rollouts.with_context(ctx)
@@ -135,7 +151,7 @@ def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
   sampling = SamplingParams(max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, n=s.n,
                             stop_tokens=(tokenizer.eos_id,))
-  reward_fn = components.task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
+  reward_fn = task_rewards(task, config, tokenizer, prompt_len + s.max_new_tokens + 1)
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len,
                        sampling=sampling, reward_fn=reward_fn,
                        chat_template=bool(config.task.chat_template), mesh=mesh,
@@ -144,12 +160,12 @@ def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
   return make_rollouts(ctx, s, env_factory=factory)
 
 
-def build(config) -> Run:
+def build(config) -> Setup:
   """Tokenizer, task, models, mesh, specs, rollouts and prompt sampler of a validated config."""
-  task = components.build_task(config)
-  tokenizer = components.build_tokenizer(config, task)
-  actor, critic, model_cfg = components.build_models(config, tokenizer)
-  prompt_len = components.prompt_length(config, task, tokenizer,
+  task = build_task(config)
+  tokenizer = build_tokenizer(config, task)
+  actor, critic, model_cfg = build_models(config, tokenizer)
+  prompt_len = prompt_length(config, task, tokenizer,
                                         model_cfg.max_position_embeddings)
   mesh, sampler_mesh = meshes(config)
   shards = parallel.batch_shards(mesh)
@@ -162,15 +178,15 @@ def build(config) -> Run:
   prompts = task.train_prompts()
   sampler_options = ({"ramp_steps": config.task.curriculum_steps}
                      if config.task.prompt_sampler == "curriculum" else {})
-  teacher = components.build_teacher(config, tokenizer, model_cfg.vocab_size, mesh)
-  return Run(
+  teacher = build_teacher(config, tokenizer, model_cfg.vocab_size, mesh)
+  return Setup(
       specs=specs, task=task, tokenizer=tokenizer, model_cfg=model_cfg,
       params=_params(config, actor, critic, mesh, specs, sampler_mesh, teacher),
       rollouts=rollouts,
       ood=_ood(config, rollouts),
       prompt_sampler=make_sampler(config.task.prompt_sampler, prompts, seed=config.run.seed,
                                   **sampler_options),
-      prompt_index={p.id: i for i, p in enumerate(prompts)}, mesh=mesh,
+      mesh=mesh,
       config_json=config.to_json_best_effort(indent=2, sort_keys=True),
       eval_sets=_eval_sets(config, specs, rollouts, model_cfg.max_position_embeddings))
 

@@ -1,4 +1,5 @@
-"""One RL iteration: rollout -> score -> old/ref log-probs and values -> advantages -> updates."""
+"""One RL iteration: rollout -> score -> old/ref log-probs and values -> advantages -> updates;
+and the compiled pieces of it (`Trainer`), made once the state's placement is known."""
 
 from __future__ import annotations
 
@@ -10,21 +11,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from rljax import parallel
-from rljax.data.samplers import UniformSampler
 from rljax.ops import kl as kl_ops
+from rljax.parallel import batch_sharding
 from rljax.train.params import policy_params
-from rljax.train.rollout import collect
-from rljax.train.run.build import Run
-from rljax.train.update.epochs import Epochs
+from rljax.train.rollout.train_batches import Sampled, iteration_keys
+from rljax.train.run.build import Setup
+from rljax.train.update.distill import Distiller
+from rljax.train.update.epochs import Epochs, step_fields
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.prepare import Preparer
+from rljax.train.update.sft import warm_start
+from rljax.train.update.step import build_update_step
 
 
 @dataclasses.dataclass
 class Trainer:
-  """A built run and the compiled pieces of its iteration (made once per run)."""
+  """A built run (`setup`) and the compiled pieces of its iteration (made once per run)."""
 
-  run: Run
+  setup: Setup
   fns: ForwardFns
   preparer: Preparer
   epochs: Epochs
@@ -37,50 +41,50 @@ class Trainer:
     return self.fns.compile_count() + self.update_step._cache_size() + teacher
 
 
-def iteration_keys(rng_data, iteration, sample_stream: int = 0):
-  """The iteration's keys for sampling, the update and the greedy baseline: functions of
-  (run seed, iteration) alone (`rng_data`: the key data of the run seed, `TrainState.rng`),
-  so every arm of an ablation draws the same ones (common
-  random numbers); `sample_stream` > 0 gives the sampling key its own stream (an A/A
-  control that shares everything but the sampling noise)."""
-  # from host data: the keys are uncommitted, usable on the trainer's and the sampler's devices
-  base = jax.random.fold_in(jax.random.wrap_key_data(np.asarray(rng_data)), iteration)
-  keys = dict(zip(("sample", "update", "greedy"), jax.random.split(base, 3)))
-  if sample_stream:
-    keys["sample"] = jax.random.fold_in(keys["sample"], sample_stream)
-  return keys
+def make_trainer(setup: Setup, template) -> Trainer:
+  """Forward passes, batch preparation, and the update step whose output shardings are
+  those of the placed `template` state (so the second call hits the compilation cache)."""
+  specs, params = setup.specs, setup.params
+  num_micro = specs.schedule.microbatches
+  fns = ForwardFns(specs.loss, params.actor_graphdef, params.critic_graphdef,
+                   num_micro=num_micro, mesh=setup.mesh)
+  update_step = build_update_step(
+      specs.loss, params.actor_graphdef, params.critic_graphdef, params.actor_tx,
+      params.critic_tx, num_micro, state_shardings=jax.tree.map(lambda x: x.sharding, template),
+      mesh=setup.mesh)
+  epochs = Epochs(update_step=update_step, fns=fns, schedule=specs.schedule,
+                  rows_sharding=batch_sharding(setup.mesh), ptx_context=setup.ctx,
+                  seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens,
+                  fields=step_fields(specs.loss))
+  preparer = Preparer.create(specs, fns, params, setup.mesh, setup.ctx.reward_fn,
+                             distiller=make_distiller(setup, num_micro))
+  return Trainer(setup=setup, fns=fns, preparer=preparer, epochs=epochs, update_step=update_step)
 
 
-def draw_prompts_fn(run: Run, iteration: int):
-  """`draw(k, round) -> k prompts`: round 0 from the run's prompt sampler (one call per
-  iteration, its state checkpointed with the run); the extra rounds of dynamic sampling
-  from (seed, iteration, round) alone under the uniform sampler, so arms with and without
-  dynamic sampling see the same prompts in every iteration's first round and after it."""
-  prompts = run.task.train_prompts()
-
-  def draw(k, round_=0):
-    if round_ == 0 or not isinstance(run.prompt_sampler, UniformSampler):
-      index = run.prompt_sampler.sample(k)
-    else:
-      rng = np.random.default_rng([run.specs.run.seed, _EXTRA_ROUNDS, iteration, round_])
-      index = rng.choice(len(prompts), k, replace=len(prompts) < k)
-    return [prompts[i] for i in index]
-  return draw
+def warm_start_fn(setup: Setup):
+  """`warm_start(params, frozen=()) -> params`: the run's cached SFT start."""
+  def start(params, frozen=()):
+    return warm_start(setup.params.actor_graphdef, setup.ctx, params, spec=setup.specs.sft,
+                      seed=setup.specs.run.seed, progress=setup.specs.run.progress,
+                      frozen=frozen)
+  return start
 
 
-_EXTRA_ROUNDS = 0xD5   # folds the stream of dynamic sampling's extra rounds
+def make_distiller(setup: Setup, num_micro: int) -> Distiller | None:
+  """On-policy distillation's teacher side: a jitted forward of the teacher's own graph
+  definition (micro-batched and packed like the policy's), or None without a teacher."""
+  teacher = setup.params.teacher
+  if teacher is None:
+    return None
+  fns = ForwardFns(setup.specs.loss, teacher.graphdef, None, num_micro=num_micro,
+                   mesh=setup.mesh)
+  return Distiller(spec=setup.specs.distill, fns=fns, teacher=teacher)
 
 
-def feed_back_success(run: Run, prompts, accuracy, n):
-  """Per-prompt success rates to the sampler (prioritized sampling tracks them online)."""
-  index = np.asarray([run.prompt_index[p.id] for p in prompts])
-  run.prompt_sampler.update(index, np.asarray(accuracy).reshape(-1, n).mean(axis=1))
-
-
-def _adapt_kl(run: Run, state, metrics, rows: int):
+def _adapt_kl(setup: Setup, state, metrics, rows: int):
   """The adaptive KL controller's next coefficient (Ziegler et al. 2019, arXiv:1909.08593)."""
-  s = run.specs.sources
-  if s.kl_controller != "adaptive" or not run.params.has_reference(state):
+  s = setup.specs.sources
+  if s.kl_controller != "adaptive" or not setup.params.has_reference(state):
     return state
   ctl = kl_ops.AdaptiveKLController(value=state.kl_coef, target=s.kl_target,
                                     horizon=s.kl_horizon)
@@ -88,34 +92,10 @@ def _adapt_kl(run: Run, state, metrics, rows: int):
   return state._replace(kl_coef=_like(state.kl_coef, new_coef))
 
 
-@dataclasses.dataclass
-class Sampled:
-  """A scored rollout batch and the policy version (iteration) that sampled it."""
-
-  batch: object
-  stats: dict
-  version: int
-
-
-def sample_now(trainer: Trainer, state, iteration, model) -> Sampled:
-  """The synchronous rollout of `iteration`, by the current policy `model`."""
-  run = trainer.run
-  spec = run.specs.rollout
-  keys = iteration_keys(state.rng, iteration, run.specs.run.sample_stream)
-  t0 = time.perf_counter()
-  batch, stats = collect(run.rollouts, model, draw_prompts_fn(run, iteration),
-                         lambda round_: jax.random.fold_in(keys["sample"], round_), spec,
-                         greedy_key=keys["greedy"])
-  feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
-  stats["time/rollout_s"] = time.perf_counter() - t0
-  batch.versions = np.full(batch.size, iteration, np.int32)
-  return Sampled(batch, stats, iteration)
-
-
 def rl_iteration(trainer: Trainer, state, iteration, moments, sampled: Sampled):
   """Prepares and consumes one sampled batch; returns (state, metrics, moments, update
   batch)."""
-  run = trainer.run
+  run = trainer.setup
   keys = iteration_keys(state.rng, iteration, run.specs.run.sample_stream)
   t1 = time.perf_counter()
   upd, metrics, moments = trainer.preparer.prepare(state, sampled.batch, keys["update"],

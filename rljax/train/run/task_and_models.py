@@ -1,4 +1,6 @@
-"""The builder's parts: task, reward, tokenizer, models and optimizers from the config.
+"""What `rljax.train.run.build` makes of the config besides the specs: the task, its reward
+and tokenizer, the prompt columns, the models (policy, value model, distillation teacher)
+and their optimizers.
 
 With `rljax.train.run.build` and `rljax.train.config.specs`, the only code after loading
 that reads the ConfigDict.

@@ -21,18 +21,10 @@ import dataclasses
 import threading
 import time
 
-import jax
 import numpy as np
 
-from rljax.train.rollout import collect
 from rljax.train.rollout.partial import SegmentedPolicy, column_versions
-from rljax.train.run.build import Run
-from rljax.train.run.iteration import (
-    Sampled,
-    draw_prompts_fn,
-    feed_back_success,
-    iteration_keys,
-)
+from rljax.train.rollout.train_batches import Sampled, TrainBatches
 
 
 def behaviour_version(t: int, k: int) -> int:
@@ -47,7 +39,7 @@ def segment_versions(t: int, k: int) -> list[int]:
 
 @dataclasses.dataclass
 class InFlight:
-  """What a checkpoint at step t keeps of the sampler (`rljax.train.run.inflight`).
+  """What a checkpoint at step t keeps of the sampler (`rljax.train.rollout.inflight`).
 
   Attributes:
     batches: the batches t, t+1, ... sampled ahead of the trainer.
@@ -72,16 +64,16 @@ class AsyncRollouts:
   `take(t)`; the thread samples batch j as soon as version max(0, j − k) is published.
 
   Args:
-    run: the built run (rollouts, prompt sampler, specs).
+    batches: what samples the training batches (rollouts, prompt sampler, spec, seed).
     state: the state the run starts or resumes from (its PRNG key; its iteration s).
     model: the sampler's model of version s.
     restored: what a checkpoint kept (`in_flight`): batches s, s+1, ... already sampled,
       the batch after them sampled in part, older versions it still needs.
   """
 
-  def __init__(self, run: Run, state, model, *, restored: InFlight | None = None):
+  def __init__(self, batches: TrainBatches, state, model, *, restored: InFlight | None = None):
     restored = restored or InFlight([])
-    self.run, self.k = run, run.specs.rollout.max_staleness
+    self.batches, self.k = batches, batches.spec.max_staleness
     self.rng = np.asarray(state.rng)   # a copy: the update step donates the state
     self.start = int(state.iteration)
     self.models = {**restored.models, self.start: model}
@@ -96,17 +88,13 @@ class AsyncRollouts:
     self._thread.start()
 
   def _sample(self, j: int) -> Sampled:
-    run, spec = self.run, self.run.specs.rollout
-    keys = iteration_keys(self.rng, j, run.specs.run.sample_stream)
-    draw = draw_prompts_fn(run, j)
+    spec = self.batches.spec
+    draw = self.batches.draw_prompts(j)
     if spec.partial_rollouts:
       draw, policy = self._segmented(j, draw)
     else:
       policy = self._wait_for(behaviour_version(j, self.k))
-    batch, stats = collect(run.rollouts, policy, draw,
-                           lambda round_: jax.random.fold_in(keys["sample"], round_), spec,
-                           greedy_key=keys["greedy"])
-    feed_back_success(run, batch.prompts, batch.accuracy, spec.n)
+    batch, stats = self.batches.collect(policy, j, self.rng, draw)
     stats["time/rollout_s"] = stats["time/generate_s"] + stats["time/score_s"]
     if spec.partial_rollouts:
       per_column = column_versions(spec.max_new_tokens, segment_versions(j, self.k))
@@ -197,7 +185,7 @@ class AsyncRollouts:
       if self.error is not None:
         raise self.error
       batches = [self.ready[j] for j in sorted(self.ready) if j >= t]
-      if not self.run.specs.rollout.partial_rollouts:
+      if not self.batches.spec.partial_rollouts:
         return InFlight(batches)
       partial = self.partial if self.partial and self.partial[1] is not None else None
       return InFlight(batches, partial, {v: m for v, m in self.models.items() if v < t})

@@ -15,12 +15,11 @@ import numpy as np
 from flax import nnx
 
 from rljax import parallel
+from rljax.train.rollout.async_rollouts import InFlight
 from rljax.train.rollout.batch import ROW_FIELDS, SEQUENCE_FIELDS, RolloutBatch
 from rljax.train.rollout.context import row_layout
 from rljax.train.rollout.partial import PartialRows
-from rljax.train.run.async_rollouts import InFlight
-from rljax.train.run.build import Run
-from rljax.train.run.iteration import Sampled
+from rljax.train.rollout.train_batches import Sampled
 
 
 def _path(run_dir, step) -> pathlib.Path:
@@ -63,16 +62,16 @@ def save_inflight(run_dir, step: int, inflight: InFlight) -> None:
   tmp.rename(path)
 
 
-def load_inflight(run: Run, run_dir, step: int, model) -> InFlight:
+def load_inflight(rollouts, run_dir, step: int, model) -> InFlight:
   """What `save_inflight` wrote at step `step` (nothing: an empty `InFlight`): batches placed
-  as the rollout places its rows, older versions as `model` (the sampler's model of step
-  `step`) is placed."""
+  as `rollouts` places its rows (their prompts: its task's train prompts), older versions as
+  `model` (the sampler's model of step `step`) is placed."""
   path = _path(run_dir, step)
   if not path.exists():
     return InFlight([])
   with np.load(path) as data:
     arrays = {k: data[k] for k in data.files}
-  prompts_of = {p.id: p for p in run.task.train_prompts()}
+  prompts_of = {p.id: p for p in rollouts.ctx.task.train_prompts()}
   partial = None
   if "partial/meta" in arrays:
     m = json.loads(str(arrays.pop("partial/meta")))
@@ -83,7 +82,7 @@ def load_inflight(run: Run, run_dir, step: int, model) -> InFlight:
   out = []
   for i, m in enumerate(json.loads(str(arrays.pop("meta")))):
     rows = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith(f"{i}/")}
-    sharding, _ = row_layout(run.ctx, len(rows["scores"]))
+    sharding, _ = row_layout(rollouts.ctx, len(rows["scores"]))
     for k in SEQUENCE_FIELDS + ("routes",) * ("routes" in rows):
       rows[k] = jax.device_put(rows[k], sharding)
     greedy, versions = rows.pop("greedy_scores", None), rows.pop("versions")
