@@ -123,7 +123,7 @@ class Sampling(Group):
   turn_stop: tuple[str, ...] = field([], "task.env: the strings that end a turn")
   max_observation_tokens: int = field(64, "an observation is cut to this many tokens",
                                       "int >= 0")
-  # batch t is sampled by policy version max(0, t - k) (rljax.train.run.async_rollouts)
+  # batch t is sampled by policy version max(0, t - k) (rljax.train.rollout.async_rollouts)
   max_staleness: int = field(0, "asynchronous rollouts k", "int >= 0 (0: synchronous)")
   # a request in flight at a weight handoff continues with the new weights (k + 1 segments)
   partial_rollouts: bool = field(False, "max_staleness > 0: requests span weight versions")
