@@ -35,6 +35,7 @@ def check_moe(errors, c):
     if m.moe_intermediate_size < 1 or m.moe_sparse_step < 1:
       errors.append(f"model.moe_intermediate_size={m.moe_intermediate_size} and "
                     f"model.moe_sparse_step={m.moe_sparse_step} must be >= 1")
+  _check_expert_axis(errors, c)
   if a.routing_replay not in ROUTING_REPLAY:
     errors.append(f"algo.routing_replay={a.routing_replay!r} is not one of {list(ROUTING_REPLAY)}")
   for name in ("moe_aux_loss_coef", "moe_z_loss_coef"):
@@ -54,6 +55,21 @@ def check_moe(errors, c):
   if a.routing_replay == "sampler" and (c.task.env or c.sampling.partial_rollouts):
     errors.append("algo.routing_replay='sampler' replays the single-turn samplers' routes: "
                   "multi-turn episodes (task.env) and sampling.partial_rollouts record none")
+
+
+def _check_expert_axis(errors, c):
+  """parallel.expert: a size that splits the policy's experts evenly (1: no expert axis)."""
+  size = c.parallel.expert
+  if size == 1:
+    return
+  experts = policy_experts(c)
+  if size < 1:
+    errors.append(f"parallel.expert={size} must be >= 1 (1: no expert axis)")
+  elif not experts:
+    errors.append(f"parallel.expert={size} splits a mixture-of-experts policy's experts; this "
+                  "policy is dense (model.num_experts = 0)")
+  elif experts % size:
+    errors.append(f"parallel.expert={size} must divide the policy's {experts} experts")
 
 
 def check_sampler_dtype(errors, c):
