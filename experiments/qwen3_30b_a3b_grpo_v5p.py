@@ -49,11 +49,11 @@ def get_config(arg=None):
   c.plan.prompt_len = 512                  # MATH problems fit 512 tokens
   c.sampling.prompts_per_iteration, c.sampling.n = 128, 8
   c.sampling.max_new_tokens = 4096
-  c.sampling.continuous = False
+  c.sampling.continuous, c.sampling.slots = False, 256   # static sampler, waves of 256 rows
   c.sampling.eval_n = 4
-  c.algo.epochs, c.algo.minibatches, c.algo.microbatches = 1, 4, 4
+  c.algo.epochs, c.algo.minibatches, c.algo.microbatches = 1, 4, 8
   c.algo.kl_coef, c.algo.kl_placement = 0.0, "none"
   c.algo.routing_replay = "sampler"
   c.optim.actor_lr, c.optim.weight_decay, c.optim.warmup_steps = 1e-6, 0.01, 10
-  c.parallel.data, c.parallel.fsdp, c.parallel.tensor, c.parallel.expert = 1, -1, 1, 8
+  c.parallel.data, c.parallel.fsdp, c.parallel.tensor, c.parallel.expert = 1, -1, 1, 4
   return c
