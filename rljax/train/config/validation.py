@@ -28,7 +28,7 @@ KL_CONTROLLERS = ("fixed", "adaptive")
 IS_CORRECTIONS = ("none", "tis", "icepop")
 OLD_LOGP_SOURCES = ("recompute", "sampler", "update")
 OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float64")   # float64: with jax_enable_x64 (checked)
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
 TASK_NAMES = (*TASKS, "jsonl", "hf_dataset", "tfds", "python")
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
@@ -77,6 +77,10 @@ def _check_choices(errors, c):
       ("algo.off_policy_correction", OFF_POLICY_CORRECTIONS),
   ):
     _choice(errors, c, dotted, allowed)
+  for name in ("dtype", "param_dtype"):   # JAX would silently compute in float32
+    if c.model[name] == "float64" and not jax.config.jax_enable_x64:
+      errors.append(f"model.{name}='float64' needs JAX's 64-bit mode (JAX_ENABLE_X64=1 or "
+                    "jax.config.update('jax_enable_x64', True) before JAX starts)")
 
 
 def _check_ranges(errors, c):
