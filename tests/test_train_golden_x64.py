@@ -1,6 +1,6 @@
 """No silent change of behaviour, on any CPU: short float64 runs reproduce the metrics in
-`tests/golden_metrics_x64.json` within 1e-9 relative (`tests/golden_runs.py` says how they
-are made and re-recorded). Each run is a process of its own: JAX's 64-bit mode must be on
+`tests/golden_metrics_x64.json` within 1e-9 relative, five metrics the trainer computes in
+float32 within 1e-6 (`tests/golden_runs.py` says how they are made and re-recorded). Each run is a process of its own: JAX's 64-bit mode must be on
 before JAX starts, and this session's JAX runs in 32-bit mode."""
 
 import json
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from golden_runs import X64_PATH, X64_SPECS, compare, x64_environment
+from golden_runs import X64_FLOAT32_METRICS, X64_PATH, X64_SPECS, compare, x64_environment
 
 GOLDEN = json.loads(X64_PATH.read_text())
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -36,6 +36,8 @@ def run_x64(spec: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", X64_SPECS)
 def test_float64_run_reproduces_the_recorded_metrics_on_any_cpu(spec):
-  # float64 rounding differs between CPUs by ~1e-16; 1e-9 leaves room for summation order
-  differences = compare(GOLDEN["runs"][spec], run_x64(spec), rtol=1e-9)
+  # float64 rounding differs between CPUs by ~1e-16; 1e-9 leaves room for summation order.
+  # The few metrics the trainer computes in float32 get 1e-6 (`X64_FLOAT32_METRICS`).
+  differences = compare(GOLDEN["runs"][spec], run_x64(spec), rtol=1e-9,
+                        loose=X64_FLOAT32_METRICS, loose_rtol=1e-6)
   assert not differences, "\n".join(differences[:20])
