@@ -241,13 +241,11 @@ def _optim() -> ConfigDict:
 
 def _parallel() -> ConfigDict:
   """The device mesh."""
-  # Mesh over `num_devices` devices (0: all; with several processes, an equal share of
-  # each process's own devices, `parallel.select_devices`); one size may be -1 (the rest).
-  # sampler_devices: 0 = the sampler shares the trainer's devices (colocated); N > 0 = the
-  # last N devices (evenly from every process) sample on their own mesh (data x
-  # sampler_tensor), the others train; weights are resharded to the sampler after updates.
-  # expert: a mixture-of-experts policy's experts split over an `expert` mesh axis of this
-  # size (rljax.parallel.make_mesh; data*fsdp*tensor cover the other devices; 1: none)
+  # Mesh over `num_devices` devices (0: all; several processes: an equal share of each one's
+  # own, `parallel.select_devices`); one size may be -1 (the rest). sampler_devices: 0 = the
+  # sampler shares the trainer's devices; N > 0 = the last N devices (evenly from every process)
+  # sample on their own mesh (data x sampler_tensor), the others train (weights resharded after
+  # updates). expert: a MoE policy's experts split over an `expert` mesh axis (1: none).
   return ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1, num_devices=0, sampler_devices=0,
                          sampler_tensor=1))
 
