@@ -1,5 +1,5 @@
 """Qwen3-30B-A3B (a mixture of experts: 128 experts, 8 per token), GRPO with routing replay
-on MATH with 4,096-token responses, for a v5p-64 slice (32 chips, fsdp 4 x expert 8).
+on MATH with 4,096-token responses, for a v5p-64 slice (32 chips, fsdp 8 x expert 4).
 
 Plan it from any host first (no weights, no TPU):
 
@@ -17,10 +17,14 @@ The settings are the 7B recipe's (`experiments/qwen25_7b_grpo_v5e.py`: 128 promp
 samples, 4 updates of 256 sequences, no KL term, bf16 compute over fp32 master weights,
 every block rematerialised, the static sampler), plus what a MoE policy needs:
 
-- `parallel.expert = 8`: each MoE layer's 128 experts are split 16 per chip over an
-  `expert` mesh axis (docs/moe.md, "Expert parallelism"); `parallel.fsdp = 4` splits the
-  rest (and every expert's weights) further. 30.5 B fp32 parameters and their Adam
-  moments are 366 GB, 11.4 GB per chip.
+- `parallel.expert = 4`: each MoE layer's 128 experts are split 32 per expert group over
+  an `expert` mesh axis (docs/moe.md, "Expert parallelism"); `parallel.fsdp = 8` splits
+  the rest and every expert's weights further. 30.5 B fp32 parameters and their Adam
+  moments are 366 GB, 11.4 GB per chip. The expert axis does not split the batch (the
+  batch axes are data and fsdp), so each chip holds 1/8 of the rows: with fsdp 4 x expert 8
+  and all 1,024 rows decoded at once, the KV cache alone was 116 GB per chip (decode 133 GB,
+  the routing forward 96 GB: docs/scale.md). Hence the static sampler's waves of 256 rows
+  and 8 micro-batches.
 - `algo.routing_replay = "sampler"` (R3, arXiv:2510.11370): the old-log-prob and update
   forwards use the experts the sampler chose; the sampler records them, one uint8 id per
   token, MoE layer and routed expert (48 x 8 = 384 bytes a token).
