@@ -102,3 +102,16 @@ def test_largest_lowered_names_the_attention_scores():
   top = hlo.largest_lowered(text, 1)[0]
   assert top["shape"] == "f32[2,256,256]" and top["bytes"] == 2 * 256 * 256 * 4
   assert top["whole_mesh"] and "jit(attention)" in top["op"]
+
+
+def test_sparsecore_computations_keep_their_closing_line():
+  # v5p offloads scatters to its SparseCore: such a computation closes with its thread
+  text = ("HloModule m\n\n%add.sc (a: s32[], b: s32[]) -> s32[] {\n"
+          "  %a = s32[] parameter(0)\n  %b = s32[] parameter(1)\n"
+          "  ROOT %s = s32[] add(%a, %b)\n}, execution_thread=\"sparsecore\"\n\n"
+          "ENTRY %main (x: s32[]) -> s32[] {\n  ROOT %x = s32[] parameter(0)\n}\n")
+  comps = hlo.computations(text, headers=True)
+  assert comps["add.sc"][1] == ["  %a = s32[] parameter(0)", "  %b = s32[] parameter(1)",
+                                "  ROOT %s = s32[] add(%a, %b)"]
+  assert comps["add.sc"][3] == '}, execution_thread="sparsecore"' and comps["main"][3] == "}"
+  assert hlo.computations(text)["main"] == (True, ["  ROOT %x = s32[] parameter(0)"])

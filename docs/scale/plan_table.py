@@ -31,6 +31,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[2]   # the repository: experiments/ are relative
 GRPO_7B = "experiments/qwen25_7b_grpo_v5e.py"
 DAPO_32B = "experiments/qwen25_32b_dapo_v5p.py"
+MOE_30B = "experiments/qwen3_30b_a3b_grpo_v5p.py"
 # (label, experiment, topology, overrides): the recipes on their slices and on the others
 # users ask about, and the other presets with the 7B recipe's settings
 ROWS = [
@@ -48,6 +49,7 @@ ROWS = [
     ("qwen3-32b GRPO 4k", GRPO_7B, "v5p-128", {"model.hf_config": "qwen3-32b"}),
     ("llama-3.1-70b GRPO 4k", GRPO_7B, "v5p-256", {"model.hf_config": "llama-3.1-70b",
                                                     "parallel.fsdp": 128}),
+    ("qwen3-30b-a3b GRPO 4k, replay", MOE_30B, "v5p-64", {}),
 ]
 
 

@@ -49,11 +49,18 @@ SHAPE_PRESETS = {
     "qwen3-32b": _shape(_QWEN3, 5120, 25600, 64, 64, 8),
     "llama-3.1-8b": _shape(_LLAMA31, 4096, 14336, 32, 32, 8),
     "llama-3.1-70b": _shape(_LLAMA31, 8192, 28672, 80, 64, 8),
+    # mixture of experts: every layer routes each token to 8 of 128 experts of width 768
+    # (`intermediate_size` is the dense MLP width of layers in `mlp_only_layers`: none)
+    "qwen3-30b-a3b": _shape(_QWEN3, 2048, 6144, 48, 32, 4, architectures=["Qwen3MoeForCausalLM"],
+                            model_type="qwen3_moe", num_experts=128, num_experts_per_tok=8,
+                            moe_intermediate_size=768, norm_topk_prob=True,
+                            decoder_sparse_step=1, mlp_only_layers=[]),
 }
 _HUB_IDS = {"qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B", "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
             "qwen2.5-7b": "Qwen/Qwen2.5-7B", "qwen2.5-32b": "Qwen/Qwen2.5-32B",
             "qwen3-8b": "Qwen/Qwen3-8B", "qwen3-32b": "Qwen/Qwen3-32B",
-            "llama-3.1-8b": "meta-llama/Llama-3.1-8B", "llama-3.1-70b": "meta-llama/Llama-3.1-70B"}
+            "llama-3.1-8b": "meta-llama/Llama-3.1-8B", "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+            "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B"}
 PRESET_SOURCES = {name: f"https://huggingface.co/{hub}/blob/main/config.json"
                   for name, hub in _HUB_IDS.items()}
 

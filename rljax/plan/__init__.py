@@ -7,7 +7,8 @@ the trainer's own code from the run's config, lowered with abstract parameters (
 weights) and compiled by the TPU compiler for the slice's compile-only devices
 (`jax.experimental.topologies`, libtpu). What the compiler reports becomes the plan:
 
-    {"topology", "chips", "mesh": {"data", "fsdp", "tensor"}, "fits",
+    {"topology", "chips", "mesh": {"data", "fsdp", "tensor"} (and "expert" with
+                                    parallel.expert > 1), "fits",
      "programs": [{"name", "fits", "compile_s",
                    "flops", "bytes_accessed" (per chip, per call, every loop counted by its
                                               trip count: `rljax.plan.cost`),
@@ -17,7 +18,11 @@ weights) and compiled by the TPU compiler for the slice's compile-only devices
                    "largest_buffers", "loops", "calls", ...}],
      "iteration": {"roofline_s", "generation_s", "forwards_s", "update_s", "update_mfu",
                    "update_flops_counted"},
-     "state_bytes", "model", "shapes", "chip", "notes", "search" (when something does not fit)}
+     "state_bytes", "routes_bytes" (a MoE policy's recorded routes per chip, else None),
+     "model", "shapes", "chip", "notes", "search" (when something does not fit)}
+
+Program names: prefill, decode, logprobs, values, teacher, update, and `routing` for a
+mixture-of-experts policy (its rollout's forward with its own and the sampler's experts).
 
 docs/scale.md says how to read it and what the estimate leaves out.
 """

@@ -59,7 +59,8 @@ def _module(header: str, comps: dict, order: list, entry: str) -> str:
   out = [header]
   for name in order:   # callees before callers, as the compiler printed them
     if name in reach:
-      out += [("ENTRY " if name == entry else "") + comps[name][2], *comps[name][1], "}"]
+      out += [("ENTRY " if name == entry else "") + comps[name][2], *comps[name][1],
+              comps[name][3]]
   # the module's stack-frame table is not part of the text: drop references to it
   return _FRAME.sub("", "\n".join(out))
 
@@ -92,13 +93,13 @@ def loop_counted(cost: dict, text: str) -> dict:
   """
   flops, nbytes = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
   comps = hlo.computations(text, headers=True)
-  whiles = [(name, line) for name, (_, lines, _) in comps.items() for line in lines
+  whiles = [(name, line) for name, (_, lines, _, _) in comps.items() for line in lines
             if hlo.opcode(line) == "while"]
   analyse = _analysis() if whiles else None
   if analyse is None:
     return {"flops": flops, "bytes_accessed": nbytes, "loops": []}
   header, order = text.splitlines()[0].split(",")[0], list(comps)
-  hlo_comps = {k: (entry, lines) for k, (entry, lines, _) in comps.items()}
+  hlo_comps = {k: (entry, lines) for k, (entry, lines, _, _) in comps.items()}
 
   @functools.cache
   def costed(name: str) -> tuple[float, float]:
@@ -132,7 +133,7 @@ def loop_counted(cost: dict, text: str) -> dict:
           add[i] += pick(x[i] for x in nested)
     return add[0], add[1]
 
-  entry = next(k for k, (is_entry, _, _) in comps.items() if is_entry)
+  entry = next(k for k, (is_entry, _, _, _) in comps.items() if is_entry)
   more = extra(entry)
   return {"flops": flops + more[0], "bytes_accessed": nbytes + more[1], "loops": loops}
 

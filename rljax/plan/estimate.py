@@ -18,16 +18,22 @@ from __future__ import annotations
 
 from rljax.models import ModelConfig
 
-PHASES = {"prefill": "generation", "decode": "generation", "logprobs": "forwards",
+PHASES = {"prefill": "generation", "decode": "generation", "logprobs": "forwards", "routing": "forwards",
           "values": "forwards", "teacher": "forwards", "update": "update"}
 
 
 def matmul_params(cfg: ModelConfig) -> float:
   """N: parameters that take part in a matmul per token (every decoder block's projections
-  and the lm head; the embedding is a lookup)."""
-  d, f, dh = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  and the lm head; the embedding is a lookup). A mixture-of-experts layer counts its
+  active parameters: the router, the token's k experts and a shared expert."""
+  d, dh = cfg.hidden_size, cfg.head_dim
   attention = d * dh * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-  return float(cfg.num_layers * (attention + 3 * d * f) + d * cfg.vocab_size)
+  moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+  routed = (d * cfg.num_experts + 3 * d * cfg.moe_intermediate_size * cfg.num_experts_per_tok
+            + 3 * d * cfg.shared_expert_intermediate_size
+            + (d if cfg.shared_expert_intermediate_size else 0)) if moe else 0
+  mlp = (cfg.num_layers - moe) * 3 * d * cfg.intermediate_size + moe * routed
+  return float(cfg.num_layers * attention + mlp + d * cfg.vocab_size)
 
 
 def training_flops_per_token(cfg: ModelConfig, context: int, *, lora: bool = False) -> float:

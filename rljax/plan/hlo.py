@@ -40,14 +40,18 @@ def shape_bytes(text: str) -> list[float]:
 
 def computations(text: str, *, headers: bool = False) -> dict:
   """{name: (is_entry, [instruction lines])} of an HLO module's text, in the order it
-  defines them (callees first); `headers`: (is_entry, lines, header line without "ENTRY ")."""
+  defines them (callees first); `headers`: (is_entry, lines, header line without "ENTRY ",
+  closing line: "}", or e.g. `}, execution_thread="sparsecore"` for v5p's SparseCore)."""
   comps, name = {}, None
   for line in text.splitlines():
     header = _HEADER.match(line)
     if header:
       name = header.group(2)
-      comps[name] = (bool(header.group(1)), [], line.removeprefix("ENTRY "))
-    elif line.rstrip() == "}":   # (an attribute may span lines: "}}, metadata=...")
+      comps[name] = (bool(header.group(1)), [], line.removeprefix("ENTRY "), "}")
+    elif line.rstrip() == "}" or line.startswith("}, execution_thread="):
+      # (an attribute may span lines: "}}, metadata=...")
+      if name is not None and line.rstrip() != "}":
+        comps[name] = comps[name][:3] + (line.rstrip(),)
       name = None
     elif name is not None:
       comps[name][1].append(line)

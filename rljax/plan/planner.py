@@ -8,12 +8,14 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 
+from rljax import parallel
 from rljax.plan import search as fit_search
 from rljax.plan.abstract import AbstractRun, abstract_run, per_chip_bytes
 from rljax.plan.estimate import iteration, matmul_params
 from rljax.plan.measure import measure
-from rljax.plan.programs import iteration_programs
+from rljax.plan.programs import iteration_programs, moe_layers, routes_entry
 from rljax.plan.topology import (
   Topology,
   local_memory,
@@ -70,7 +72,28 @@ def _model(run: AbstractRun) -> dict:
           "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size, "params": int(count),
           "matmul_params": matmul_params(cfg), "dtype": cfg.dtype,
           "param_dtype": cfg.param_dtype, "remat": cfg.remat, "lora_rank": int(m.lora_rank),
-          "attention": m.get("attention", "xla"), "source": m.hf_path or m.hf_config or "tiny"}
+          "attention": m.get("attention", "xla"), "source": m.hf_path or m.hf_config or "tiny",
+          "experts": cfg.num_experts, "experts_per_token": cfg.num_experts_per_tok,
+          "moe_layers": moe_layers(cfg)}
+
+
+def routes_bytes(run: AbstractRun) -> dict | None:
+  """Per-chip bytes of a MoE policy's recorded routes (None for a dense one): the sampler's
+  buffer of the rows decoded together (`decode.route_buffer`, in the decode program's
+  carry) and the rollout's (`RolloutBatch.routes`, an input of the forwards, and of the
+  update with routing replay), each split over its mesh's batch axes."""
+  s = run.shapes
+
+  def per_chip(mesh, rows, columns):
+    shape, dtype = routes_entry(run, rows, columns)
+    shards = math.prod(mesh.shape[a] for a in parallel.BATCH_AXES if a in mesh.axis_names)
+    return math.prod(shape) * jnp.dtype(dtype).itemsize / shards
+  if routes_entry(run, 1, 1) is None:
+    return None
+  return {"sampler": per_chip(run.sampler_mesh or run.mesh, s.decode_rows,
+                              s.sampler_prompt_len + s.response_len),
+          "rollout": per_chip(run.mesh, s.rows, s.prompt_len + s.response_len),
+          "dtype": jnp.dtype(routes_entry(run, 1, 1)[1]).name}
 
 
 def compile_run(run: AbstractRun, target: Target, *, only=None, progress=None) -> list[dict]:
@@ -127,7 +150,8 @@ def summary(run: AbstractRun, target: Target, reports: list[dict]) -> dict:
       "chip": None if chip is None else dataclasses.asdict(chip) | {"hbm_limit": chip.hbm_limit},
       "mesh": _mesh(run.mesh), "sampler_mesh": _mesh(run.sampler_mesh),
       "fits": all(r["fits"] for r in reports), "model": _model(run),
-      "shapes": dataclasses.asdict(s), "state_bytes": state_bytes(run), "programs": reports,
+      "shapes": dataclasses.asdict(s), "state_bytes": state_bytes(run),
+      "routes_bytes": routes_bytes(run), "programs": reports,
       "iteration": estimate, "notes": notes}
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from rljax.models.moe import route_dtype
 from rljax.parallel import batch_sharding
 from rljax.plan.abstract import AbstractRun, per_chip_bytes
 from rljax.plan.estimate import forward_flops_per_token, training_flops_per_token
@@ -65,6 +66,20 @@ def _rows(mesh, shape, dtype):
   return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape)))
 
 
+def moe_layers(cfg) -> int:
+  """L_moe: the decoder layers with a mixture-of-experts MLP (0: dense)."""
+  return sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+
+
+def routes_entry(run: AbstractRun, rows: int, columns: int):
+  """The sampler's recorded experts of `rows` rows, [rows, columns, L_moe, k] in
+  `route_dtype(E)` (`RolloutBatch.routes`), or None for a dense policy."""
+  cfg = run.model_cfg
+  if not moe_layers(cfg):
+    return None
+  return (rows, columns, moe_layers(cfg), cfg.num_experts_per_tok), route_dtype(cfg.num_experts)
+
+
 def batch(run: AbstractRun, rows: int, keys, groups: int) -> dict:
   """Abstract batch entries `keys` of `rows` rows (split over the batch axes), plus the
   packing layout of `groups` groups when the run packs (its worst case: no two sequences
@@ -73,6 +88,9 @@ def batch(run: AbstractRun, rows: int, keys, groups: int) -> dict:
   widths = {"P": s.prompt_len, "T": s.response_len}
   out = {}
   for key in keys:
+    if key == "routes":   # a MoE rollout's recorded experts, every prompt and completion column
+      out[key] = _rows(run.mesh, *routes_entry(run, rows, s.prompt_len + s.response_len))
+      continue
     if key not in ENTRIES:
       raise NotImplementedError(f"rljax plan does not know the batch entry {key!r}")
     dtype, width = ENTRIES[key]
@@ -89,7 +107,8 @@ def batch(run: AbstractRun, rows: int, keys, groups: int) -> dict:
 def minibatch(run: AbstractRun) -> dict:
   """The update step's input, as `update.Epochs.minibatch` makes it."""
   s, loss = run.shapes, run.specs.loss
-  keys = UPDATE_KEYS + (("sampler_logp",) if loss.decoupled_cap is not None else ())
+  keys = UPDATE_KEYS + (("sampler_logp",) if loss.decoupled_cap is not None else ()) + (
+      ("routes",) if loss.routing_replay else ())   # routing replay: the sampler's experts
   out = batch(run, s.minibatch, keys, s.microbatches * loss.pack_groups)
   replicated = NamedSharding(run.mesh, PartitionSpec())
   out["kl_coef"] = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
@@ -137,18 +156,26 @@ def forward_programs(run: AbstractRun, teacher_bytes: float) -> list[Program]:
   num_micro = s.microbatches
   fns = ForwardFns(specs.loss, p.actor_graphdef, p.critic_graphdef, num_micro=num_micro,
                    mesh=run.mesh)
-  seqs = lambda: batch(run, s.rows, SEQUENCE_KEYS, fns.pack_groups or 1)  # noqa: E731
+  routed = moe_layers(run.model_cfg) > 0   # a MoE rollout carries the sampler's routes
+  keys = SEQUENCE_KEYS + ("routes",) * routed
+  seqs = lambda: batch(run, s.rows, keys, fns.pack_groups or 1)  # noqa: E731
   context = s.prompt_len + s.response_len
   tokens = s.rows * context
   flops = tokens * forward_flops_per_token(run.model_cfg, context) / run.mesh.size
   state_bytes = per_chip_bytes(state)
   policy = policy_params(state)
   out = []
+  # the reference forward of an offloaded reference fetches a device copy for the call
+  offloaded = state.ref is not None and specs.sources.reference_offload
+  resident = state_bytes - (0 if offloaded else per_chip_bytes(policy))
   calls = (specs.sources.old_logp_source == "recompute") + p.has_reference(state)
+  if routed and specs.sources.old_logp_source != "update":
+    # the policy's forward of a MoE rollout runs twice, own routing and replayed, for the
+    # old log-probs and the routing metrics (`update.prepare`, `ForwardFns.policy_routed`)
+    out.append(Program("routing", _forward(fns.policy_routed, policy, seqs), 1,
+                       state_bytes - per_chip_bytes(policy) + teacher_bytes, tokens, 2 * flops))
+    calls = p.has_reference(state)
   if calls:
-    # the reference forward of an offloaded reference fetches a device copy for the call
-    offloaded = state.ref is not None and specs.sources.reference_offload
-    resident = state_bytes - (0 if offloaded else per_chip_bytes(policy))
     out.append(Program("logprobs", _forward(fns.policy_stats, policy, seqs), calls,
                        resident + teacher_bytes, tokens, flops))
   if state.critic is not None:

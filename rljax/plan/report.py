@@ -85,6 +85,20 @@ def _flags(overrides: dict) -> str:
                   for k, v in overrides.items())
 
 
+def _experts(plan: dict) -> str:
+  """A MoE policy's experts and its recorded routes per chip ("" for a dense policy)."""
+  m, r = plan["model"], plan.get("routes_bytes")
+  if not m.get("experts"):
+    return ""
+  out = (f"\nexperts: {m['experts']} per MoE layer, top {m['experts_per_token']}, in "
+         f"{m['moe_layers']} layers; {m['matmul_params'] / 1e9:.2f} B matmul parameters active "
+         "per token")
+  if r:
+    out += (f"; recorded routes ({r['dtype']}) per chip: sampler {_gb(r['sampler'])} GB, "
+            f"rollout {_gb(r['rollout'])} GB")
+  return out
+
+
 def text(plan: dict) -> str:
   """The readable plan."""
   chip, it, st = plan["chip"], plan["iteration"], plan["state_bytes"]
@@ -94,7 +108,7 @@ def text(plan: dict) -> str:
                                      if plan["sampler_mesh"] else ""),
            f"model: {m['source']}, {m['layers']} layers, {m['params'] / 1e9:.2f} B parameters "
            f"({m['param_dtype']} params, {m['dtype']} compute, remat {m['remat']}, "
-           f"LoRA rank {m['lora_rank']}, attention {_attention(plan)})",
+           f"LoRA rank {m['lora_rank']}, attention {_attention(plan)})" + _experts(plan),
            f"shapes: {s['rows']} rows x (P {s['prompt_len']} + T {s['response_len']}), "
            f"minibatch {s['minibatch']} in {s['microbatches']} micro-batches, "
            f"{s['decode_rows']} rows decoded together",

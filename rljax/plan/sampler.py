@@ -31,6 +31,7 @@ from rljax.sampling.decode import (
   decode_step,
   fused_weights,
   prefill_rows,
+  route_buffer,
   spec_and_scalars,
   step_from_uniforms,
 )
@@ -108,24 +109,27 @@ class SamplerPrograms:
     group = self.spec.group
     spec = self.spec._replace(group=group if local % group == 0 else 1)
 
-    def fn(state, tokens, mask):
+    def fn(state, tokens, mask):   # a MoE policy's prompt routes come out with the cache
       model = self._model(state)
-      logits, cache, _, _, _ = prefill_rows(model, tokens, mask, spec, fused_weights(model))
-      return logits, cache
+      logits, cache, _, _, routes = prefill_rows(model, tokens, mask, spec, fused_weights(model))
+      return logits, cache, routes
     make = lambda r: jax.ShapeDtypeStruct((r, width), jnp.int32)  # noqa: E731
     return self._lower(fn, [self.params], [make, make], rows)
 
   def _carry(self, rows: int):
-    """(t, last tokens, KV cache of P + T slots, outputs) of `rows` rows."""
+    """(t, last tokens, KV cache of P + T slots, outputs) of `rows` rows; the outputs hold
+    a MoE policy's route buffer [rows, P + T, L_moe, k] (`decode.route_buffer`)."""
     s = self.run.shapes
     model = nnx.eval_shape(lambda: self._model(self.params))
-    cache = jax.eval_shape(lambda: model.init_cache(rows, s.sampler_prompt_len + s.response_len))
+    window = s.sampler_prompt_len + s.response_len
+    cache = jax.eval_shape(lambda: model.init_cache(rows, window))
+    routes = jax.eval_shape(lambda: route_buffer(model, rows, window))
     t = s.response_len
     out = Decoded(tokens=jax.ShapeDtypeStruct((rows, t), jnp.int32),
                   mask=jax.ShapeDtypeStruct((rows, t), jnp.int32),
                   logp=jax.ShapeDtypeStruct((rows, t), jnp.float32),
                   logp_full=jax.ShapeDtypeStruct((rows, t), jnp.float32),
-                  truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_))
+                  truncated=jax.ShapeDtypeStruct((rows,), jnp.bool_), routes=routes)
     return (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32),
             cache, out)
 

@@ -24,7 +24,7 @@ from rljax.plan.abstract import abstract_run, per_chip_bytes
 from rljax.train.config import ConfigError, apply_overrides, validate
 from rljax.train.config.defaults import model_positions
 
-TRAINING = ("update", "logprobs", "values", "teacher")
+TRAINING = ("update", "logprobs", "routing", "values", "teacher")
 SAMPLING = ("prefill", "decode")
 REMAT_KEEPS = 0.35   # share of the update's activations left with remat (coarse)
 LORA_RANK = 64
@@ -49,8 +49,9 @@ def _divisors(n: int) -> list[int]:
 
 def mesh_candidates(config, chips: int, kv_heads: int) -> list[dict]:
   """Every (data, fsdp, tensor) of `chips` devices with tensor dividing the KV heads and
-  whole micro-batches on the batch axes."""
+  whole micro-batches on the batch axes (beside the config's `parallel.expert` axis)."""
   a, s = config.algo, config.sampling
+  chips //= max(config.parallel.expert, 1)
   micro = s.prompts_per_iteration * s.n // (a.minibatches * a.microbatches)
   out = []
   for tensor in _divisors(chips):

@@ -7,6 +7,8 @@ import dataclasses
 import pathlib
 import re
 
+import jax
+
 from rljax.data.tasks import TASKS
 from rljax.models.config import ATTENTION_IMPLEMENTATIONS
 from rljax.models.hf import config_from_hf
@@ -14,7 +16,7 @@ from rljax.models.lora import TARGETS as LORA_TARGETS
 from rljax.models.presets import hf_config_dict
 from rljax.train.config.fields import Group, field
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "float64")   # float64: with jax_enable_x64 (checked)
 SAMPLER_DTYPES = ("", "float32", "bfloat16")
 
 
@@ -82,6 +84,10 @@ class Model(Group):
              f"must be in [1, model.num_experts={self.num_experts}]")
       c.need(self.moe_intermediate_size >= 1, "moe_intermediate_size", "must be >= 1")
       c.need(self.moe_sparse_step >= 1, "moe_sparse_step", "must be >= 1")
+    for name in ("dtype", "param_dtype"):   # JAX would silently compute in float32
+      c.need(getattr(self, name) != "float64" or jax.config.jax_enable_x64, name,
+             "needs JAX's 64-bit mode (JAX_ENABLE_X64=1 or jax.config.update("
+             "'jax_enable_x64', True) before JAX starts)")
     c.need(not (self.hf_path and self.hf_config), "hf_path",
            f"and model.hf_config={self.hf_config!r} are both set: hf_path loads a checkpoint "
            "(with its own config.json), hf_config builds random weights of a preset's or a "
@@ -133,6 +139,8 @@ class Parallel(Group):
   data: int = field(-1, "data-parallel size")
   fsdp: int = field(1, "fully sharded data-parallel size")
   tensor: int = field(1, "tensor-parallel size")
+  expert: int = field(1, "a MoE policy's experts split over an `expert` axis (1: none)",
+                      "int >= 1")
   num_devices: int = field(0, "devices used (0: all; per process: an equal share)")
   sampler_devices: int = field(0, "N: the last N devices sample", "int >= 0 (0: colocated)")
   sampler_tensor: int = field(1, "tensor-parallel size of the sampler's own mesh")

@@ -156,8 +156,15 @@ def stale_samples(c, columns):
 
 
 def experts(c, columns):
-  """Routing replay and the router's losses need a mixture-of-experts policy."""
-  a = c.algo
+  """Routing replay, the router's losses and an expert mesh axis need a mixture-of-experts
+  policy; the expert axis splits its experts evenly."""
+  a, size = c.algo, c.parallel.expert
+  if size > 1:
+    count = policy_experts(c)
+    yield (not count, f"parallel.expert={size} splits a mixture-of-experts policy's experts; "
+           "this policy is dense (model.num_experts = 0)")
+    yield (count and count % size, f"parallel.expert={size} must divide the policy's {count} "
+           "experts")
   routed = [f"algo.{n}={a[n]!r}" for n in ("moe_aux_loss_coef", "moe_z_loss_coef") if a[n] > 0]
   if a.routing_replay == "sampler":
     routed.insert(0, "algo.routing_replay='sampler'")

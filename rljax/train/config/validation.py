@@ -105,6 +105,11 @@ def _check_devices(errors, config, num_devices):
 
 def _check_mesh(errors, c, num_devices):
   p = c.parallel
+  if p.expert > 1:   # the expert axis takes its share first (`rljax.parallel.make_mesh`)
+    if num_devices % p.expert:
+      errors.append(f"parallel.expert={p.expert} does not divide the {num_devices} devices")
+      return
+    num_devices //= p.expert
   sizes = [p.data, p.fsdp, p.tensor]
   if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
     errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "

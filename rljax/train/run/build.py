@@ -85,7 +85,8 @@ def meshes(config, devices=None, *, split=parallel.split_devices):
   with its own `split(devices, sampler_count) -> (trainer, sampler devices)`)."""
   p = config.parallel
   trainer, sampler = split(parallel.select_devices(p.num_devices, devices), p.sampler_devices)
-  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, devices=trainer)
+  mesh = parallel.make_mesh(data=p.data, fsdp=p.fsdp, tensor=p.tensor, expert=p.expert,
+                            devices=trainer)
   if not p.sampler_devices:
     return mesh, None
   return mesh, parallel.make_mesh(data=-1, tensor=p.sampler_tensor, devices=sampler)
