@@ -27,17 +27,14 @@ flat fields), whose answers are integers.
 """
 
 from rljax.train.config import base_config
+from rljax.train.config.recipes import published_model
 
 
 def get_config(arg=None):
   c = base_config()
   c.run.dir = "runs/qwen25_32b_dapo_v5p"
   c.run.iterations, c.run.save_every, c.run.eval_every = 300, 10, 10
-  if arg:                                  # a local Hugging Face checkpoint directory
-    c.model.hf_path = arg
-  else:                                    # shapes only (rljax plan)
-    c.model.hf_config = "qwen2.5-32b"
-  c.model.dtype, c.model.param_dtype, c.model.remat = "bfloat16", "float32", True
+  published_model(c, arg, "qwen2.5-32b")
   # DAPO-Math-17k with flat fields: prompt (the user turn), solution (the integer answer)
   c.task.name, c.task.hf_path, c.task.hf_config = ("hf_dataset", "open-r1/DAPO-Math-17k-Processed",
                                                    "en")

@@ -33,24 +33,15 @@ every block rematerialised, the static sampler), plus what a MoE policy needs:
 """
 
 from rljax.train.config import base_config
+from rljax.train.config.recipes import math_boxed_task, published_model
 
 
 def get_config(arg=None):
   c = base_config()
   c.run.dir = "runs/qwen3_30b_a3b_grpo_v5p"
   c.run.iterations, c.run.save_every, c.run.eval_every = 200, 20, 20
-  if arg:                                  # a local Hugging Face checkpoint directory
-    c.model.hf_path = arg
-  else:                                    # shapes only (rljax plan)
-    c.model.hf_config = "qwen3-30b-a3b"
-  c.model.dtype, c.model.param_dtype, c.model.remat = "bfloat16", "float32", True
-  c.task.name, c.task.hf_path, c.task.hf_split = "hf_dataset", "DigitalLearningGmbH/MATH-lighteval", "train"
-  c.task.prompt_field, c.task.answer_field, c.task.answer_extractor = "problem", "solution", "boxed"
-  c.task.prompt_template = ("{prompt}\nPlease reason step by step, and put your final answer "
-                            "within \\boxed{}.")
-  c.task.long_prompts = "truncate"
-  c.sft.steps = 0                          # RL from the base model (R1-Zero style)
-  c.plan.prompt_len = 512                  # MATH problems fit 512 tokens
+  published_model(c, arg, "qwen3-30b-a3b")
+  math_boxed_task(c)
   c.sampling.prompts_per_iteration, c.sampling.n = 128, 8
   c.sampling.max_new_tokens = 4096
   c.sampling.continuous, c.sampling.slots = False, 256   # static sampler, waves of 256 rows
