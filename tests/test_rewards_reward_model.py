@@ -17,6 +17,7 @@ from rljax.models.testing import tiny_config
 from rljax.rewards import compose
 from rljax.rewards import preferences as prefs
 from rljax.rewards import reward_model as rm
+from rljax.train.reward_model import train_reward_model
 
 # ----------------------------------------------------------------------------- losses
 
@@ -175,7 +176,7 @@ def _pair_accuracy_by_kind(model, split, kinds):
 @pytest.fixture(scope="module")
 def trained(data):
   model = RewardModel(tiny_config(vocab_size=TOK.vocab_size), rngs=nnx.Rngs(0))
-  model, history = rm.train_reward_model(
+  model, history = train_reward_model(
       model, rm.preference_batches(data.train, batch_size=16, seed=0), steps=60, lr=3e-3,
       warmup_steps=10)
   return model, history

@@ -9,6 +9,7 @@ from rljax.models import RewardModel
 from rljax.models.testing import tiny_config
 from rljax.rewards import preferences, reward_model
 from rljax.train.loop import train
+from rljax.train.reward_model import train_reward_model
 
 
 def _trained_reward_model(path):
@@ -17,7 +18,7 @@ def _trained_reward_model(path):
   data = preferences.make_preference_data(task, tok, n_prompts=32, k=3, seed=0)
   model = RewardModel(tiny_config(vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
   batches = reward_model.preference_batches(data.train, batch_size=8)
-  model, _ = reward_model.train_reward_model(model, batches, steps=5, lr=3e-3)
+  model, _ = train_reward_model(model, batches, steps=5, lr=3e-3)
   reward_model.save_reward_model(model, str(path), tokenizer=tok)
   return str(path)
 

@@ -1,6 +1,7 @@
-"""Learned reward models: Bradley-Terry and K-wise ranking losses, a small trainer,
-checkpoints, and a scorer with the reward-function protocol (the generated preference set
-for the synthetic task is in `rljax.rewards.preferences`).
+"""Learned reward models: the preference loss and batches, pairwise accuracy, checkpoints, and a
+scorer with the reward-function protocol. The ranking losses are in `rljax.rewards.ranking`
+(re-exported here), the trainer in `rljax.train.reward_model` (`rljax reward-model`), preference
+data (a JSONL file, or a generated set for the synthetic task) in `rljax.rewards.preferences`.
 
 Sequence layout (training, scoring and the critic initialised from the model all agree):
 `[bos] + prompt + completion + [eos]`, right-padded; the reward is the scalar head at the
@@ -12,14 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from rljax.data.batching import DEFAULT_BUCKETS, bucket_length
@@ -29,91 +28,13 @@ from rljax.models.decoder import positions_from_mask
 from rljax.models.heads import RewardModel, last_token_index
 from rljax.models.hf import load_hf_reward
 from rljax.models.stack import restore_in_layout
-
-# ------------------------------------------------------------------------------- losses
-
-
-class BradleyTerryDiagnostics(NamedTuple):
-  """accuracy_b: 1.0 where r_w > r_l (ties count 0), float32 [B]; margin_b: r_w - r_l [B]."""
-  accuracy_b: jax.Array
-  margin_b: jax.Array
-
-
-def bradley_terry_loss(chosen_scores_b, rejected_scores_b, *, margin=None):
-  """Pairwise Bradley-Terry loss, −log σ(r(x, y_w) − r(x, y_l) − m).
-
-  Bradley & Terry 1952, "Rank analysis of incomplete block designs"; Ouyang et al. 2022,
-  "Training language models to follow instructions with human feedback", arXiv:2203.02155,
-  Eq. 1 (one pair); margin m as in Touvron et al. 2023, "Llama 2", arXiv:2307.09288, Eq. 2.
-
-  Args:
-    chosen_scores_b: r(x, y_w), float [B].
-    rejected_scores_b: r(x, y_l), float [B].
-    margin: None (Eq. 1), a scalar or float [B] (Llama 2's m(r), larger for clearer pairs).
-  Returns:
-    (per-pair loss float32 [B], `BradleyTerryDiagnostics`).
-  Note: computed as −log_sigmoid(·) (never log(sigmoid(·))), finite for any score gap.
-  """
-  chex.assert_rank(chosen_scores_b, 1)
-  chex.assert_equal_shape([chosen_scores_b, rejected_scores_b])
-  diff = chosen_scores_b.astype(jnp.float32) - rejected_scores_b.astype(jnp.float32)
-  shifted = diff if margin is None else diff - jnp.asarray(margin, jnp.float32)
-  loss = -jax.nn.log_sigmoid(shifted)
-  return loss, BradleyTerryDiagnostics((diff > 0).astype(jnp.float32), diff)
-
-
-def kwise_pairs(k: int) -> tuple[np.ndarray, np.ndarray]:
-  """All C(K, 2) slot pairs (first, second), first < second, as static int32 arrays [C].
-
-  When the K completions are sorted best first (rank = slot), `first` is the winner and
-  `second` the loser of every pair.
-  """
-  if k < 2:
-    raise ValueError(f"kwise_pairs: need k >= 2, got {k}")
-  first, second = np.triu_indices(k, 1)
-  return first.astype(np.int32), second.astype(np.int32)
-
-
-class KwiseDiagnostics(NamedTuple):
-  """accuracy_b: fraction of the prompt's valid pairs ordered correctly, float32 [B];
-  num_pairs_b: number of valid pairs, float32 [B] (0 for a prompt without any)."""
-  accuracy_b: jax.Array
-  num_pairs_b: jax.Array
-
-
-def kwise_ranking_loss(scores_bk, ranks_bk, mask_bk):
-  """InstructGPT K-wise ranking loss, one batch element per prompt.
-
-  loss(x) = −1/C(K,2) · Σ_{(y_w, y_l)} log σ(r(x, y_w) − r(x, y_l)) over all pairs of the
-  prompt's ranking (Ouyang et al. 2022, arXiv:2203.02155, Eq. 1).
-
-  Args:
-    scores_bk: r(x_b, y_bk), float [B,K].
-    ranks_bk: int [B,K], 0 = best; equal ranks are a tie.
-    mask_bk: [B,K], 1 = the completion exists (prompts may have fewer than K).
-  Returns:
-    (per-prompt loss float32 [B], `KwiseDiagnostics`).
-  Note: C(K,2) is replaced by the number of valid pairs of the prompt (both completions
-  present, ranks differ): ties and missing completions are dropped, not counted as 0.
-  A prompt with no valid pair has loss 0 and num_pairs 0.
-  """
-  chex.assert_rank(scores_bk, 2)
-  chex.assert_equal_shape([scores_bk, ranks_bk, mask_bk])
-  first, second = kwise_pairs(scores_bk.shape[1])
-  s = scores_bk.astype(jnp.float32)
-  r = ranks_bk
-  m = mask_bk > 0
-  first_wins = r[:, first] < r[:, second]  # [B,C]
-  valid = m[:, first] & m[:, second] & (r[:, first] != r[:, second])
-  s_w = jnp.where(valid, jnp.where(first_wins, s[:, first], s[:, second]), 0.0)
-  s_l = jnp.where(valid, jnp.where(first_wins, s[:, second], s[:, first]), 0.0)
-  pair_loss, diag = bradley_terry_loss(s_w.reshape(-1), s_l.reshape(-1))  # masked: 0, no grad
-  n = valid.sum(axis=1).astype(jnp.float32)
-  denom = jnp.maximum(n, 1.0)
-  loss_b = jnp.where(valid, pair_loss.reshape(valid.shape), 0.0).sum(axis=1) / denom
-  acc_b = jnp.where(valid, diag.accuracy_b.reshape(valid.shape), 0.0).sum(axis=1) / denom
-  return loss_b, KwiseDiagnostics(acc_b, n)
-
+from rljax.rewards.ranking import (
+  BradleyTerryDiagnostics,
+  KwiseDiagnostics,
+  bradley_terry_loss,
+  kwise_pairs,
+  kwise_ranking_loss,
+)
 
 # ------------------------------------------------------------------- encoding, forward
 
@@ -144,7 +65,9 @@ def preference_scores(model: RewardModel, batch) -> jax.Array:
   return scores.reshape(b, k)
 
 
-def _batch_loss(model, batch):
+def preference_loss(model: RewardModel, batch) -> tuple[jax.Array, jax.Array]:
+  """(K-wise loss averaged over the batch's prompts that have a pair, pairwise accuracy over
+  all the batch's valid pairs): the objective of `rljax.train.reward_model`."""
   scores = preference_scores(model, batch)
   loss_b, diag = kwise_ranking_loss(scores, batch["ranks"], batch["mask"])
   has = (diag.num_pairs_b > 0).astype(jnp.float32)
@@ -153,7 +76,7 @@ def _batch_loss(model, batch):
   return loss, acc
 
 
-# ---------------------------------------------------------------------------- trainer
+# --------------------------------------------------------------------- batches, accuracy
 
 
 def preference_batches(data: dict, *, batch_size: int, seed: int = 0) -> Iterator[dict]:
@@ -167,55 +90,6 @@ def preference_batches(data: dict, *, batch_size: int, seed: int = 0) -> Iterato
     for i in range(0, n - batch_size + 1, batch_size):
       idx = order[i:i + batch_size]
       yield {key: v[idx] for key, v in data.items()}
-
-
-def train_reward_model(model: RewardModel, batches: Iterable[dict], *, steps: int, lr: float,
-                       weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0,
-                       log_every: int = 0) -> tuple[RewardModel, list[dict]]:
-  """AdamW on the K-wise ranking loss (InstructGPT, arXiv:2203.02155, Sec. 3.5).
-
-  Args:
-    model: a `RewardModel`, updated in place.
-    batches: iterable of dicts {tokens [B,K,S], attention_mask [B,K,S], ranks [B,K],
-      mask [B,K]} (e.g. `preference_batches`); a list is cycled.
-    steps: optimizer steps.
-    lr: peak learning rate (linear warm-up over `warmup_steps`, then constant).
-    weight_decay, grad_clip: AdamW decay; global-norm clip (0: off).
-    log_every: print loss/accuracy every this many steps (0: silent).
-  Returns:
-    (model, history: one {"step", "loss", "accuracy"} per step, training-batch pair accuracy).
-  """
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
-      [max(warmup_steps, 1)])
-  tx = optax.chain(*([optax.clip_by_global_norm(grad_clip)] if grad_clip > 0 else []),
-                   optax.adamw(schedule, weight_decay=weight_decay))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-
-  @jax.jit
-  def step(params, opt_state, batch):
-    def loss_fn(p):
-      return _batch_loss(nnx.merge(graphdef, p, rest), batch)
-    (loss, acc), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, acc
-
-  opt_state = tx.init(params)
-  source = _cycle(batches) if isinstance(batches, Sequence) else iter(batches)
-  history = []
-  for i in range(steps):
-    batch = {k: jnp.asarray(v) for k, v in next(source).items()}
-    params, opt_state, loss, acc = step(params, opt_state, batch)
-    history.append({"step": i + 1, "loss": float(loss), "accuracy": float(acc)})
-    if log_every and (i + 1) % log_every == 0:
-      print(f"reward model step {i + 1}: loss {float(loss):.4f} pair acc {float(acc):.3f}")
-  nnx.update(model, params)
-  return model, history
-
-
-def _cycle(items):
-  while True:
-    yield from items
 
 
 @jax.jit(static_argnums=0)
@@ -352,3 +226,9 @@ class RewardModelScorer:
       scores = _score_rows(self._graphdef, self._state, tokens, attention)
       out.append(np.asarray(scores, np.float32)[:len(chunk)])
     return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+__all__ = ["BradleyTerryDiagnostics", "KwiseDiagnostics", "RewardModelScorer",
+           "bradley_terry_loss", "encode_sequence", "kwise_pairs", "kwise_ranking_loss",
+           "load_reward_model", "pairwise_accuracy", "preference_batches", "preference_loss",
+           "preference_scores", "save_reward_model"]
