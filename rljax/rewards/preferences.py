@@ -1,13 +1,18 @@
-"""A generated preference set for reward-model training on the synthetic arithmetic task.
+"""Preference data for reward-model training: a JSONL file of ranked completions
+(`read_preference_jsonl`, `encode_preferences`), or a generated set on the synthetic
+arithmetic task (`make_preference_data`).
 
-For each prompt, K completions of known quality order (`PREFERENCE_KINDS`, best first):
-the correct demonstration and corruptions of it (a wrong step, a wrong final answer, no
-answer tag, truncated). Sequences use the layout of `reward_model.encode_sequence`.
+The generated set holds, for each prompt, K completions of known quality order
+(`PREFERENCE_KINDS`, best first): the correct demonstration and corruptions of it (a wrong
+step, a wrong final answer, no answer tag, truncated). Sequences use the layout of
+`reward_model.encode_sequence`.
 """
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -64,20 +69,93 @@ def _prompt_rows(task, prompt, rng, k, k_min):
   return rows
 
 
-def _assemble(rows_per_prompt, prompts, tokenizer, k, s):
-  n = len(prompts)
+class PreferenceExample(NamedTuple):
+  """One prompt's ranked completions: `ranks[i]` is the rank of `completions[i]`, 0 = best
+  (equal ranks are a tie: that pair is not trained on)."""
+  prompt: str
+  completions: list
+  ranks: list
+
+
+def encode_preferences(examples: Sequence[PreferenceExample], tokenizer, *, k: int | None = None,
+                       seq_len: int | None = None, max_len: int | None = None) -> dict:
+  """Token arrays of `examples` in `encode_sequence`'s layout.
+
+  Args:
+    examples: `PreferenceExample`s (a pair is 2 completions ranked [0, 1]).
+    tokenizer: `CharTokenizer` or `HFTokenizer`.
+    k: completion slots (default: the most any example has; fewer are masked).
+    seq_len: padded length (default: `bucket_length` of the longest sequence).
+    max_len: longest sequence kept; longer ones lose the start of the prompt.
+  Returns:
+    {tokens int32 [N,K,S], attention_mask int32 [N,K,S], ranks int32 [N,K], mask int32 [N,K]}.
+  """
+  ids = [[encode_sequence(tokenizer, e.prompt, c, max_len=max_len) for c in e.completions]
+         for e in examples]
+  k = k or max(len(e.completions) for e in examples)
+  s = seq_len or bucket_length(max(len(row) for rows in ids for row in rows))
+  n = len(examples)
   out = {"tokens": np.full((n, k, s), tokenizer.pad_id, np.int32),
          "attention_mask": np.zeros((n, k, s), np.int32),
          "ranks": np.full((n, k), k, np.int32), "mask": np.zeros((n, k), np.int32)}
-  kinds = []
-  for i, (prompt, rows) in enumerate(zip(prompts, rows_per_prompt)):
-    kinds.append([kind for kind, _, _ in rows] + [""] * (k - len(rows)))
-    for j, (_, rank, text) in enumerate(rows):
-      ids = encode_sequence(tokenizer, prompt.text, text)
-      out["tokens"][i, j, :len(ids)] = ids
-      out["attention_mask"][i, j, :len(ids)] = 1
+  for i, (example, rows) in enumerate(zip(examples, ids)):
+    for j, (rank, row) in enumerate(zip(example.ranks, rows)):
+      out["tokens"][i, j, :len(row)] = row
+      out["attention_mask"][i, j, :len(row)] = 1
       out["ranks"][i, j], out["mask"][i, j] = rank, 1
-  return out, kinds
+  return out
+
+
+def _example(row, where: str) -> PreferenceExample:
+  """A `PreferenceExample` from one JSON row, or a ValueError naming `where` and the field."""
+  if not isinstance(row, dict):
+    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+  if not isinstance(row.get("prompt"), str):
+    raise ValueError(f"{where}: field 'prompt' must be a string, got {row.get('prompt')!r:.60}")
+  if "completions" in row:
+    completions, ranks = row["completions"], row.get("ranks")
+    if not isinstance(completions, list) or len(completions) < 2 or \
+        not all(isinstance(c, str) for c in completions):
+      raise ValueError(f"{where}: field 'completions' must be a list of >= 2 strings")
+    if not isinstance(ranks, list) or len(ranks) != len(completions) or \
+        not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+      raise ValueError(f"{where}: field 'ranks' must be a list of {len(completions)} "
+                       f"non-negative integers (0 = best), one per completion, got {ranks!r:.60}")
+    return PreferenceExample(row["prompt"], completions, ranks)
+  for field in ("chosen", "rejected"):
+    if not isinstance(row.get(field), str):
+      raise ValueError(f"{where}: field {field!r} must be a string (a row is {{prompt, chosen, "
+                       f"rejected}} or {{prompt, completions, ranks}})")
+  return PreferenceExample(row["prompt"], [row["chosen"], row["rejected"]], [0, 1])
+
+
+def read_preference_jsonl(path: str) -> list[PreferenceExample]:
+  """Rows `{"prompt", "chosen", "rejected"}` (a pair) or `{"prompt", "completions": [...],
+  "ranks": [...]}` (a K-wise ranking, 0 = best) of a JSONL file; blank lines are skipped.
+
+  Raises:
+    FileNotFoundError; ValueError naming the line and the field of a bad row.
+  """
+  examples = []
+  with open(path) as f:
+    for line_no, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path} line {line_no}: not JSON ({e.msg})") from e
+      examples.append(_example(row, f"{path} line {line_no}"))
+  if not examples:
+    raise ValueError(f"{path}: no preference rows")
+  return examples
+
+
+def _assemble(rows_per_prompt, prompts, tokenizer, k, s):
+  kinds = [[kind for kind, _, _ in rows] + [""] * (k - len(rows)) for rows in rows_per_prompt]
+  examples = [PreferenceExample(p.text, [t for _, _, t in rows], [r for _, r, _ in rows])
+              for p, rows in zip(prompts, rows_per_prompt)]
+  return encode_preferences(examples, tokenizer, k=k, seq_len=s), kinds
 
 
 def make_preference_data(task, tokenizer, *, n_prompts: int, k: int, seed: int,
