@@ -5,6 +5,7 @@
                [--check]
   rljax eval --run runs/NAME [--check]
   rljax plan --config EXP[:arg] [--config.FIELD=...] --topology v5p-32 [--json] [--search N]
+  rljax reward-model --data prefs.jsonl --model-dir HF_DIR --out OUT [--steps N --lr X ...]
 
 Every config field can be set, `--config.a.b=v` (or `--config.a.b v`) for `train` and
 `--set a.b=v` for `ablate`; the text is read in the type of the field's default in
@@ -37,10 +38,11 @@ from rljax.cli.commands import (
 )
 from rljax.cli.overrides import UsageError, parse_field_value, parse_seeds, typed_overrides
 from rljax.cli.plan import plan_command, plan_config
+from rljax.cli.reward_model import reward_model_command
 from rljax.parallel import initialize_distributed
 
 COMMANDS = {"train": train_command, "ablate": ablate_command, "eval": eval_command,
-            "plan": plan_command}
+            "plan": plan_command, "reward-model": reward_model_command}
 
 
 def main(argv=None) -> None:

@@ -1,11 +1,9 @@
-"""Learned reward models as rewards: checkpoints and a scorer with the reward-function protocol.
+"""Learned reward models: the preference loss and batches, pairwise accuracy, checkpoints, and a
+scorer with the reward-function protocol. The ranking losses are in `rljax.rewards.ranking`
+(re-exported here), the trainer in `rljax.train.reward_model` (`rljax reward-model`), preference
+data (a JSONL file, or a generated set for the synthetic task) in `rljax.rewards.preferences`.
 
-A reward model is trained elsewhere (e.g. TRL's `RewardTrainer` on a preference set) and
-loaded from a Hugging Face *ForSequenceClassification directory, or saved from rljax with
-`save_reward_model`. `task.reward_model_path` scores completions with it,
-`algo.critic_init_path` starts the PPO critic from it.
-
-Sequence layout (scoring and the critic initialised from the model agree):
+Sequence layout (training, scoring and the critic initialised from the model all agree):
 `[bos] + prompt + completion + [eos]`, right-padded; the reward is the scalar head at the
 last real token, the EOS (Ouyang et al. 2022, arXiv:2203.02155, Sec. 3.5).
 """
@@ -15,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -30,6 +28,15 @@ from rljax.models.decoder import positions_from_mask
 from rljax.models.heads import RewardModel, last_token_index
 from rljax.models.hf import load_hf_reward
 from rljax.models.stack import restore_in_layout
+from rljax.rewards.ranking import (
+  BradleyTerryDiagnostics,
+  KwiseDiagnostics,
+  bradley_terry_loss,
+  kwise_pairs,
+  kwise_ranking_loss,
+)
+
+# ------------------------------------------------------------------- encoding, forward
 
 
 def encode_sequence(tokenizer, prompt_text: str, completion: str, *, max_len: int | None = None):
@@ -48,6 +55,68 @@ def _row_scores(model: RewardModel, tokens_ns, attention_ns):
                         attention_ns)
   positions = positions_from_mask(attention)
   return model.score(tokens_ns, positions, attention, last_token_index(attention))
+
+
+def preference_scores(model: RewardModel, batch) -> jax.Array:
+  """r(x_b, y_bk) for a preference batch: flattens B·K rows for one forward, float32 [B,K]."""
+  b, k, s = batch["tokens"].shape
+  attention = batch["attention_mask"] * (batch["mask"][..., None] > 0)
+  scores = _row_scores(model, batch["tokens"].reshape(b * k, s), attention.reshape(b * k, s))
+  return scores.reshape(b, k)
+
+
+def preference_loss(model: RewardModel, batch) -> tuple[jax.Array, jax.Array]:
+  """(K-wise loss averaged over the batch's prompts that have a pair, pairwise accuracy over
+  all the batch's valid pairs): the objective of `rljax.train.reward_model`."""
+  scores = preference_scores(model, batch)
+  loss_b, diag = kwise_ranking_loss(scores, batch["ranks"], batch["mask"])
+  has = (diag.num_pairs_b > 0).astype(jnp.float32)
+  loss = loss_b.sum() / jnp.maximum(has.sum(), 1.0)  # mean over prompts (one element each)
+  acc = (diag.accuracy_b * diag.num_pairs_b).sum() / jnp.maximum(diag.num_pairs_b.sum(), 1.0)
+  return loss, acc
+
+
+# --------------------------------------------------------------------- batches, accuracy
+
+
+def preference_batches(data: dict, *, batch_size: int, seed: int = 0) -> Iterator[dict]:
+  """Endless shuffled batches of whole prompts (all K completions of a prompt together)."""
+  n = data["tokens"].shape[0]
+  if batch_size > n:
+    raise ValueError(f"preference_batches: batch_size={batch_size} > {n} prompts")
+  rng = np.random.default_rng(seed)
+  while True:
+    order = rng.permutation(n)
+    for i in range(0, n - batch_size + 1, batch_size):
+      idx = order[i:i + batch_size]
+      yield {key: v[idx] for key, v in data.items()}
+
+
+@jax.jit(static_argnums=0)
+def _eval_scores(graphdef, state, batch):
+  return preference_scores(nnx.merge(graphdef, state), batch)
+
+
+def pairwise_accuracy(model: RewardModel, data: dict, *, batch_size: int = 64) -> float:
+  """Fraction of all valid (winner, loser) pairs in `data` with r(winner) > r(loser)."""
+  graphdef, state = nnx.split(model)
+  correct = total = 0.0
+  n = data["tokens"].shape[0]
+  for i in range(0, n, batch_size):
+    chunk = {k: _pad_rows(v[i:i + batch_size], batch_size) for k, v in data.items()}
+    scores = _eval_scores(graphdef, state, chunk)
+    _, diag = kwise_ranking_loss(scores, jnp.asarray(chunk["ranks"]), jnp.asarray(chunk["mask"]))
+    correct += float((diag.accuracy_b * diag.num_pairs_b).sum())
+    total += float(diag.num_pairs_b.sum())
+  return correct / max(total, 1.0)
+
+
+def _pad_rows(x, rows):
+  """Zero rows appended up to `rows` (padded prompts have mask 0: no pairs, one shape)."""
+  x = np.asarray(x)
+  if x.shape[0] == rows:
+    return x
+  return np.concatenate([x, np.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)])
 
 
 _CONFIG_FILE = "reward_model_config.json"
@@ -157,3 +226,9 @@ class RewardModelScorer:
       scores = _score_rows(self._graphdef, self._state, tokens, attention)
       out.append(np.asarray(scores, np.float32)[:len(chunk)])
     return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+__all__ = ["BradleyTerryDiagnostics", "KwiseDiagnostics", "RewardModelScorer",
+           "bradley_terry_loss", "encode_sequence", "kwise_pairs", "kwise_ranking_loss",
+           "load_reward_model", "pairwise_accuracy", "preference_batches", "preference_loss",
+           "preference_scores", "save_reward_model"]
