@@ -27,7 +27,7 @@ flat fields), whose answers are integers.
 """
 
 from rljax.train.config import base_config
-from rljax.train.config.recipes import published_model
+from rljax.train.recipes import published_model
 
 
 def get_config(arg=None):

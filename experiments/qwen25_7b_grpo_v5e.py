@@ -23,7 +23,7 @@ v5e-64 (fsdp 64, splash attention): every program fits, the largest is the prefi
 """
 
 from rljax.train.config import base_config
-from rljax.train.config.recipes import math_boxed_task, published_model
+from rljax.train.recipes import math_boxed_task, published_model
 
 
 def get_config(arg=None):

@@ -33,7 +33,7 @@ every block rematerialised, the static sampler), plus what a MoE policy needs:
 """
 
 from rljax.train.config import base_config
-from rljax.train.config.recipes import math_boxed_task, published_model
+from rljax.train.recipes import math_boxed_task, published_model
 
 
 def get_config(arg=None):
