@@ -24,13 +24,13 @@ from rljax.plan.abstract import AbstractRun, per_chip_bytes
 from rljax.plan.estimate import forward_flops_per_token, training_flops_per_token
 from rljax.plan.sampler import SamplerPrograms
 from rljax.train.params import policy_params
-from rljax.train.update.epochs import UPDATE_KEYS
+from rljax.train.update.epochs import step_fields
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
 from rljax.train.update.packing import rows_per_pack
 from rljax.train.update.step import build_update_step
 
 # dtype and width ("P": prompt columns, "T": completion columns, int: fixed) of every entry
-# of the update step's minibatch (`rljax.train.update.epochs.UPDATE_KEYS`) and of the
+# of the update step's minibatch (`rljax.train.update.epochs.step_fields`) and of the
 # forwards' sequences (`SEQUENCE_KEYS`)
 ENTRIES = {"prompt_tokens": (jnp.int32, "P"), "prompt_mask": (jnp.int32, "P"),
            "tokens": (jnp.int32, "T"), "mask": (jnp.int32, "T"), "rng": (jnp.uint32, 2),
@@ -107,9 +107,7 @@ def batch(run: AbstractRun, rows: int, keys, groups: int) -> dict:
 def minibatch(run: AbstractRun) -> dict:
   """The update step's input, as `update.Epochs.minibatch` makes it."""
   s, loss = run.shapes, run.specs.loss
-  keys = UPDATE_KEYS + (("sampler_logp",) if loss.decoupled_cap is not None else ()) + (
-      ("routes",) if loss.routing_replay else ())   # routing replay: the sampler's experts
-  out = batch(run, s.minibatch, keys, s.microbatches * loss.pack_groups)
+  out = batch(run, s.minibatch, step_fields(loss), s.microbatches * loss.pack_groups)
   replicated = NamedSharding(run.mesh, PartitionSpec())
   out["kl_coef"] = jax.ShapeDtypeStruct((), jnp.float32, sharding=replicated)
   if run.specs.schedule.ptx_coef:   # host demonstrations: placed whole on every device
