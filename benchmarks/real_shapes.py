@@ -15,8 +15,8 @@ differ):
   (a) sampler: `rljax.sampling.generate` (static batch) and the trainer's default
       continuous-batching sampler (`generate_continuous`, every row resident) vs
       `transformers` `generate`, `--batch` prompts x `--new-tokens` sampled tokens (no
-      early stop), temperature 1, no top-k / top-p. Calls alternate between the two
-      workers, one at a time.
+      early stop), temperature 1, no top-k / top-p. Each sampler in its own worker;
+      calls alternate between the workers, one at a time.
   (b) one GRPO step (generation + update) vs TRL's `GRPOTrainer`:
       `--grpo-prompts` x `--group` completions of `--new-tokens` tokens, through
       `benchmarks/grpo_vs_trl.py`'s workers and checks (same loss, clipping, optimizer,
@@ -25,8 +25,8 @@ differ):
   (c) the update step's achieved FLOP/s (analytic FLOPs as `benchmarks/update_roofline.py`
       counts them) against the sustained 1024³ fp32 `jnp.dot` rate measured right before
       each GRPO step in the same process.
-  (d) peak memory: each worker's resident-set high-water mark (`ru_maxrss`; the sampler
-      workers and the GRPO workers are separate processes), and XLA's compiled memory
+  (d) peak memory: each worker's resident-set high-water mark (`ru_maxrss`; each rljax
+      sampler, HF's sampler and each GRPO side run in separate processes), and XLA's compiled memory
       analysis of the update step (arguments + outputs + temporaries - donated).
 
 Each comparison prints one line `RESULT {"metric", "rljax", "peer", "ratio", ...}`: for
@@ -78,6 +78,7 @@ REDUCED_ARGS = dict(layers=_R["num_hidden_layers"], width=_R["hidden_size"],
                     vocab=_R["vocab_size"], prompt_len=REDUCED["prompt_len"],
                     new_tokens=REDUCED["new_tokens"], batch=4, grpo_prompts=REDUCED["prompts"],
                     group=REDUCED["group"], reps=2, warmup=1)
+SAMPLERS = ("static", "continuous")   # rljax's, each in its own worker
 SAMPLER_COMPARED = ("dtype", "threads", "batch", "prompt_len", "new_tokens", "stop_tokens",
                     "temperature", "top_k", "top_p")
 
@@ -234,19 +235,25 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
   spec = {"model_dir": model_dir, "batch": args.batch, "prompt_len": args.prompt_len,
           "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
           "keep_freed_memory": args.host_memory == "keep-freed"}
-  sides = ["rljax"] + (["hf"] if "hf" in args.peers else [])
+  # one process per sampler (HF's is its own too), so that each peak RSS is that sampler's alone
+  sides = list(SAMPLERS) + (["hf"] if "hf" in args.peers else [])
   workers = {}
   try:
-    for side in sides:
-      workers[side] = Worker(side + "_sampler", spec, args.omp_wait_policy, script=__file__)
-    configs = {s: w.config for s, w in workers.items()}
-    print_configs(configs, SAMPLER_COMPARED)
-    if len(configs) == 2:
-      check_configs(configs, SAMPLER_COMPARED, "sampler configuration")
+    for name in sides:
+      kind = "hf" if name == "hf" else "rljax"
+      workers[name] = Worker(kind + "_sampler", {**spec, "variants": [name]},
+                             args.omp_wait_policy, script=__file__)
+    for name in SAMPLERS:
+      configs = {"rljax": workers[name].config}
+      if "hf" in workers:
+        configs["hf"] = workers["hf"].config
+      print_configs(configs, SAMPLER_COMPARED)
+      if len(configs) == 2:
+        check_configs(configs, SAMPLER_COMPARED, "sampler configuration")
     times: dict[str, list[float]] = {}
     for i in range(args.reps):
-      for side in (sides if i % 2 == 0 else sides[::-1]):
-        for k, v in workers[side].step().items():
+      for name in (sides if i % 2 == 0 else sides[::-1]):
+        for k, v in workers[name].step().items():
           times.setdefault(k, []).append(v)
       print(f"  sampler call {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()),
             flush=True)
@@ -257,7 +264,7 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
   tokens = args.batch * args.new_tokens
   peer = statistics.median(times["hf"]) if "hf" in times else None
   out = []
-  for name in ("static", "continuous"):
+  for name in SAMPLERS:
     rl = statistics.median(times[name])
     out.append(result(
         f"sampler_seconds_{name}", sig(rl), peer and sig(peer),
@@ -265,14 +272,17 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
         peer_tokens_per_s=peer and round(tokens / peer, 1),
         rljax_min_max=min_max(times[name]), peer_min_max=peer and min_max(times["hf"]),
         # each decode step streams every parameter once: bytes / time is the bandwidth bound
-        rljax_weight_gb_per_s=round(done["rljax"]["param_mb"] * 2 ** 20 * args.new_tokens
+        rljax_weight_gb_per_s=round(done[name]["param_mb"] * 2 ** 20 * args.new_tokens
                                     / rl / 1e9, 2),
-        rljax_first_call_s=round(done["rljax"]["first_call_s"][name], 1),
+        rljax_first_call_s=round(done[name]["first_call_s"][name], 1),
         batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
         shape=shape, reps=args.reps, threads=configs["rljax"]["threads"]))
-  out.append(result("sampler_peak_rss_mb", done["rljax"]["rss_peak_mb"],
-                    done["hf"]["rss_peak_mb"] if "hf" in done else None,
-                    note="resident-set high-water mark of each sampler worker process"))
+  for name in SAMPLERS:
+    out.append(result(f"sampler_peak_rss_mb_{name}", done[name]["rss_peak_mb"],
+                      done["hf"]["rss_peak_mb"] if "hf" in done else None,
+                      rljax_param_mb=done[name]["param_mb"],
+                      note="resident-set high-water mark of each sampler's worker process "
+                           "(one per sampler); ratio = HF / rljax"))
   return out
 
 

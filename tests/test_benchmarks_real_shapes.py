@@ -48,7 +48,8 @@ def test_reduced_shape_run():
   res = run_bench("real_shapes.py", "--reduced", "--peers", "hf", "--threads", "1")
   res.pop("_stdout")
   assert set(res) == {"sampler_seconds_static", "sampler_seconds_continuous",
-                      "sampler_peak_rss_mb", "grpo_step_seconds", "update_roofline_fraction",
+                      "sampler_peak_rss_mb_static", "sampler_peak_rss_mb_continuous",
+                      "grpo_step_seconds", "update_roofline_fraction",
                       "grpo_peak_rss_mb"}
   shape = {"layers": 2, "width": 32, "heads": 2, "kv_heads": 1, "head_dim": 16,
            "intermediate": 64, "vocab": 64}
@@ -78,6 +79,11 @@ def test_reduced_shape_run():
   xla = m["rljax_xla_update"]
   assert xla["peak_mb"] == pytest.approx(
       xla["args_mb"] + xla["out_mb"] + xla["temp_mb"] - xla["alias_mb"], abs=0.2)
-  s = res["sampler_peak_rss_mb"]
-  assert 100 < s["rljax"] < 20_000 and 100 < s["peer"] < 20_000
-  assert s["ratio"] == pytest.approx(s["peer"] / s["rljax"], rel=2e-3)
+  peers = set()
+  for name in ("static", "continuous"):   # each sampler's own worker; one HF worker
+    s = res[f"sampler_peak_rss_mb_{name}"]
+    assert 100 < s["rljax"] < 20_000 and 100 < s["peer"] < 20_000
+    assert s["ratio"] == pytest.approx(s["peer"] / s["rljax"], rel=2e-3)
+    assert 0 < s["rljax_param_mb"] < s["rljax"]
+    peers.add(s["peer"])
+  assert len(peers) == 1

@@ -77,3 +77,58 @@ def test_applied_when_asked(keep, applied):
   state = run(keep, program=STATE)
   assert state["kept"] is applied
   assert ("--xla_multiheap_size_constraint_per_heap=16777216" in state["flags"]) is applied
+
+
+RELEASE = r"""
+import ctypes, json
+from rljax.host_memory import release_freed_host_memory
+
+def rss_mb():
+  return next(int(line.split()[1]) for line in open("/proc/self/status")
+              if line.startswith("VmRSS:")) / 1024
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+blocks = [libc.malloc(64 * 1024) for _ in range(1024)]   # 64 MB below the mmap threshold
+for b in blocks:
+  ctypes.memset(b, 1, 64 * 1024)
+for b in blocks[:-1]:   # the last one stays: the freed ones are not at the heap's top
+  libc.free(b)
+freed = rss_mb()
+released = release_freed_host_memory()
+print(json.dumps({"released": released, "drop_mb": freed - rss_mb()}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_release_returns_freed_heap_blocks_to_the_os():
+  """64 MB freed inside glibc's heap stay resident until `release_freed_host_memory`."""
+  env = {**os.environ, "RLJAX_KEEP_FREED_MEMORY": "0"}
+  proc = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True,
+                        env=env, check=True)
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["released"] and out["drop_mb"] > 48, out
+
+
+def test_sampler_releases_after_a_compile_only(monkeypatch):
+  """`generate` calls the release after a call that compiled, not after a cached one."""
+  import jax
+  import numpy as np
+  from flax import nnx
+
+  from rljax.models import Decoder
+  from rljax.models.testing import tiny_config
+  from rljax.sampling import SamplingParams, buckets, generate
+
+  calls = []
+  monkeypatch.setattr(buckets, "release_freed_host_memory", lambda: calls.append(1))
+  model = Decoder(tiny_config(), rngs=nnx.Rngs(0))
+  tokens, mask = np.ones((2, 4), np.int32), np.ones((2, 4), np.int32)
+  sp = SamplingParams(max_new_tokens=3, temperature=1.0)
+  count = buckets.compile_count()
+  generate(model, tokens, mask, sampling=sp, rng=jax.random.key(0))
+  generate(model, tokens, mask, sampling=sp, rng=jax.random.key(1))
+  assert len(calls) == buckets.compile_count() - count == 1
+  generate(model, tokens, mask, sampling=sp.replace(max_new_tokens=4), rng=jax.random.key(1))
+  assert len(calls) == 2

@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
+from rljax.host_memory import release_freed_host_memory
 from rljax.models import lora
 from rljax.models.config import ModelConfig
 from rljax.models.decoder import Decoder
@@ -175,6 +176,7 @@ def load_hf(path: str, *, dtype=None, param_dtype=None,
       attention=attention, scan_layers=scan_layers)
   model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   _fill(model, tensor_specs(cfg), path, cfg)
+  release_freed_host_memory()   # the read buffers, freed: -55 MB resident at Qwen2.5-0.5B's
   return model, cfg
 
 

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from rljax.host_memory import release_freed_host_memory
+
 _TRACES = [0]
 
 
@@ -20,6 +22,18 @@ def compile_count() -> int:
 
 def _note_trace() -> None:
   _TRACES[0] += 1
+
+
+def call_releasing(fn, *args, **kwargs):
+  """`fn(*args, **kwargs)` for a jitted sampler program; when the call compiled a new one,
+  the host memory the compiler freed goes back to the OS
+  (`rljax.host_memory.release_freed_host_memory`: -156 MB resident at Qwen2.5-0.5B's shapes).
+  """
+  traced = compile_count()
+  out = fn(*args, **kwargs)
+  if compile_count() != traced:
+    release_freed_host_memory()
+  return out
 
 
 def round_up(size: int, bucket, *, multiple_of: int = 1) -> int:

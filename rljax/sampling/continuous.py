@@ -98,9 +98,10 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
     prompt_id = jax.device_put(prompt_id, batch_sharding(mesh))
     streams = jax.device_put(streams, batch_sharding(mesh))
   num = total if num_rows is None else num_rows
-  return _continuous_jit(graphdef, state, tokens_rw, mask_rw, prompt_id, streams,
-                         jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec,
-                         slots=int(slots), share_prefill=share_prefill, mesh=mesh)
+  return buckets.call_releasing(
+      _continuous_jit, graphdef, state, tokens_rw, mask_rw, prompt_id, streams,
+      jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec, slots=int(slots),
+      share_prefill=share_prefill, mesh=mesh)
 
 
 def decode_slots(slots: int, rows: int, shards: int) -> int:

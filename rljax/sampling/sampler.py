@@ -96,8 +96,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
   if mesh is not None:
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
-  out = _decode_jit(graphdef, state, tokens_rw, mask_rw, streams_r2, rng, scalars_3, spec=spec,
-                    mesh=mesh)
+  out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams_r2, rng,
+                               scalars_3, spec=spec, mesh=mesh)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
@@ -137,7 +137,7 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   if streams is None:
     streams = default_streams(tokens_rw.shape[0], sampling.n)
-  return _decode_jit(graphdef, state, tokens_rw, mask_rw, streams, rng, scalars_3, spec=spec,
-                     mesh=mesh)
+  return buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams, rng,
+                                scalars_3, spec=spec, mesh=mesh)
 
 
