@@ -22,13 +22,14 @@ import sys
 import pytest
 
 from rljax import cli
+from rljax.cli.reward_model import parse_reward_model_args
 from rljax.train.config import load_config
 
 REPO = pathlib.Path(__file__).parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_BLOCKS = ("", "bash", "sh", "shell", "console")
 NEEDS = re.compile(r"\s#\s*needs\b\s*(.*)$")
-SUBCOMMAND = re.compile(r"\brljax\s+(train|ablate|eval|plan)\b")
+SUBCOMMAND = re.compile(r"\brljax\s+(train|ablate|eval|plan|reward-model)\b")
 
 
 @dataclasses.dataclass
@@ -141,7 +142,7 @@ def workdir(tmp_path_factory):
 def test_the_pages_hold_the_commands_this_test_checks():
   where = {c.where.split(":")[0] for c in COMMANDS}
   assert {"README.md", "docs/multiturn.md", "docs/lora.md", "docs/results.md"} <= where
-  assert {c.argv[0] for c in COMMANDS} == {"train", "ablate", "eval", "plan"}
+  assert {c.argv[0] for c in COMMANDS} == {"train", "ablate", "eval", "plan", "reward-model"}
   assert len(COMMANDS) >= 15
   assert {"my_ablation.py", "my_rewards.py", "my_env.py"} <= set(shown_files())
 
@@ -161,7 +162,7 @@ def test_command_works_as_written(command, workdir, monkeypatch, capsys):
   sub, args = command.argv[0], command.argv[1:]
   if command.needs:   # validated offline, then skipped for what it needs
     {"train": cli.train_config, "ablate": cli.ablate_configs, "eval": cli.eval_config,
-     "plan": cli.plan_config}[sub](args)
+     "plan": cli.plan_config, "reward-model": parse_reward_model_args}[sub](args)
     pytest.skip(f"{command.where}: validated only; needs {command.needs}")
   try:
     cli.main(command.argv + ([] if "--check" in args else ["--check"]))
