@@ -17,14 +17,19 @@ import jax
 import jax.numpy as jnp
 
 from rljax.ops.policy_loss_common import (
-    PolicyLoss,
-    advantages_bt,
-    diagnostics,
-    non_negative,
-    positive,
-    zero_masked,
+  PolicyLoss,
+  advantages_bt,
+  diagnostics,
+  non_negative,
+  positive,
+  zero_masked,
 )
-from rljax.ops.policy_loss_sequence import gmpo_loss, luspo_loss, vespo_loss
+from rljax.ops.policy_loss_sequence import (
+  gmpo_loss,
+  luspo_loss,
+  vespo_loss,
+  vespo_weights,  # noqa: F401 (its old home)
+)
 from rljax.ops.ratios import token_log_ratio
 
 DPPO_DIVERGENCES = ("tv", "kl")
