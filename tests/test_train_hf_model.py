@@ -2,10 +2,10 @@
 and Qwen2 weights saved by `transformers`, loaded by rljax, trained, and exported back."""
 
 import pytest
+from tiny_hf import save_tiny_qwen2
 from tolerances import f32_atol
 from train_micro import micro_config, read_records
 
-from rljax.data import make_task
 from rljax.data.tokenizers import HFTokenizer
 from rljax.train.rollout import prompt_ids
 
@@ -16,30 +16,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-  import torch
-  import transformers
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-  task = make_task("arithmetic", difficulty=(1, 3), seed=0, n_train=256)
-  corpus = [p.text + task.demonstration(p) for p in task.train_prompts()]
-  bpe = Tokenizer(models.BPE())
-  bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  bpe.decoder = decoders.ByteLevel()
-  bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-      vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-  tok = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>",
-                                             pad_token="<|endoftext|>")
-  tok.chat_template = CHAT_TEMPLATE
-  path = tmp_path_factory.mktemp("hf") / "tiny-qwen2"
-  tok.save_pretrained(path)
-  torch.manual_seed(0)
-  config = transformers.Qwen2Config(
-      vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
-  transformers.Qwen2ForCausalLM(config).save_pretrained(path)
-  return str(path)
+  """A random 1-layer Qwen2 (transformers) and a byte-level BPE tokenizer trained on the task."""
+  return save_tiny_qwen2(tmp_path_factory.mktemp("hf") / "tiny-qwen2", chat_template=CHAT_TEMPLATE)
 
 
 def test_chat_template_wraps_prompts_without_a_bos(hf_dir):
