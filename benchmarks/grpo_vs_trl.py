@@ -42,11 +42,13 @@ advantages -> one jitted `update_step`. TRL is timed with a trainer callback (st
 -> step end, optimizer step included) around a wrapper of `_generate_and_score_completions`
 (generation + reward + advantages); `train = step - generate`.
 
-Host memory: both workers run with `RLJAX_KEEP_FREED_MEMORY=1` (`--host-memory
-keep-freed`, the default; `glibc` for glibc's defaults): XLA's temporaries in blocks of at
-most 16 MB that glibc keeps for the next call instead of mapping and faulting them in
-afresh (`rljax.host_memory`; the `mallopt` part applies to TRL's worker too). Each side
-reports CPU seconds, kernel seconds and page faults per step.
+Host memory: both workers run with the allocator the `rljax` command uses
+(`--host-memory huge-pages`, the default: glibc's `glibc.malloc.hugetlb=1` tunable, so XLA's
+per-call temporaries are faulted in as 2 MB pages instead of 4 KB ones;
+`rljax.host_memory.huge_pages_environ`), or `keep-freed` (RLJAX_KEEP_FREED_MEMORY=1: blocks
+of at most 16 MB that glibc keeps for the next call; its `mallopt` part applies to TRL's
+worker too), or `glibc` (glibc's defaults). Each side reports CPU seconds, kernel seconds
+and page faults per step.
 
 Steps alternate between the two workers (`--schedule alternate`, order flipped every
 step) so both see the same moments of the shared machine; `sequential` runs one side's
@@ -55,7 +57,7 @@ fit in memory).
 
     python benchmarks/grpo_vs_trl.py [--reps 6] [--warmup 2] [--threads N] [--rljax-devices N]
         [--omp-wait-policy passive|active|default] [--schedule alternate|sequential]
-        [--longtail] [--time-recompute] [--host-memory keep-freed|glibc] [--peer trl|none]
+        [--longtail] [--time-recompute] [--host-memory huge-pages|keep-freed|glibc] [--peer trl|none]
     python benchmarks/grpo_vs_trl.py --reduced [--peer none]   # seconds: CI's run
 
 `--longtail`: completions stop at any of 10 of the 512 ids, up to 256 tokens (near-uniform
@@ -105,7 +107,12 @@ from workload import (
 )
 
 from rljax.host_memory import ENV as HOST_MEMORY_ENV
-from rljax.host_memory import HEAP_FLAG
+from rljax.host_memory import HEAP_FLAG, HUGE_PAGES_TUNABLE, huge_pages_environ
+
+# --host-memory: every worker's allocator, the same on both sides. huge-pages: what the
+# `rljax` command runs with (`rljax.host_memory.huge_pages_environ`); keep-freed:
+# RLJAX_KEEP_FREED_MEMORY=1; glibc: glibc's defaults.
+HOST_MEMORY = ("huge-pages", "keep-freed", "glibc")
 
 # --longtail: up to 256 new tokens, stopping at any of 10 of the 512 ids; the random model's
 # next-token distribution is near uniform, so lengths are geometric (mean ~45, max ~256)
@@ -140,11 +147,33 @@ def wait_command() -> str:
 def host_memory() -> str:
   """This worker's allocator: XLA's temporaries in blocks glibc keeps for reuse
   (`rljax.host_memory`, applied at `import rljax` when the parent set
-  RLJAX_KEEP_FREED_MEMORY=1) or glibc's default (blocks above a dynamic threshold mapped on
-  every allocation and returned on free)."""
+  RLJAX_KEEP_FREED_MEMORY=1), in transparent huge pages (glibc's tunable, set by the parent)
+  or glibc's default (blocks above a dynamic threshold mapped on every allocation, 4 KB
+  pages, returned on free)."""
   from rljax.host_memory import keep_freed_host_memory_if_asked
 
-  return "kept" if keep_freed_host_memory_if_asked() else "returned (glibc default)"
+  if keep_freed_host_memory_if_asked():
+    return "kept"
+  if HUGE_PAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+    return f"huge pages ({HUGE_PAGES_TUNABLE})"
+  return "returned (glibc default)"
+
+
+def host_memory_environ(env: dict, mode: str) -> dict:
+  """`env` for a worker whose allocator is `mode` (one of HOST_MEMORY)."""
+  if mode not in HOST_MEMORY:
+    raise ValueError(f"host memory mode {mode!r} is not one of {HOST_MEMORY}")
+  env = dict(env, **{HOST_MEMORY_ENV: "1" if mode == "keep-freed" else "0"})
+  if mode != "keep-freed":   # this script's own `import rljax` may have added the XLA flag
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith(HEAP_FLAG))
+  tunables = [t for t in env.pop("GLIBC_TUNABLES", "").split(":")
+              if t and not t.startswith(HUGE_PAGES_TUNABLE.split("=")[0])]
+  if tunables:
+    env["GLIBC_TUNABLES"] = ":".join(tunables)
+  if mode == "huge-pages":
+    env = huge_pages_environ({k: v for k, v in env.items() if k != "RLJAX_HUGE_PAGES"}) or env
+  return env
 
 
 def rljax_worker(spec: dict) -> None:
@@ -322,13 +351,9 @@ class Worker:
       env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
     if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
       env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
-    # both sides: `import rljax` (first, in either worker) applies the allocator setting;
-    # this script's own `import rljax` adds the XLA flag when the caller's environment asks
-    keep = spec.get("keep_freed_memory", False)
-    env[HOST_MEMORY_ENV] = "1" if keep else "0"
-    if not keep:
-      env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                  if not f.startswith(HEAP_FLAG))
+    # both sides the same allocator (`import rljax`, first in either worker, applies
+    # keep-freed; glibc reads the huge-page tunable when the worker starts)
+    env = host_memory_environ(env, spec.get("host_memory", "glibc"))
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH", "")]))
     self.side = side
@@ -477,7 +502,7 @@ def make_spec(args, model_dir: str, vocab: int) -> dict:
               shape["prompts"] * shape["group"], args.threads or len(os.sched_getaffinity(0))),
           "steps": args.warmup + args.reps, "time_recompute": args.time_recompute,
           "vocab": vocab, "trl_overrides": parse_overrides(args.trl_override),
-          "keep_freed_memory": args.host_memory == "keep-freed"}
+          "host_memory": args.host_memory}
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -512,10 +537,11 @@ def main():
   parser.add_argument("--trl-override", action="append", default=[], metavar="KEY=VALUE",
                       help="a GRPOConfig field for TRL only (JSON value), e.g. bf16=true: "
                            "the configuration check then names the field that differs")
-  parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="keep-freed",
-                      help="both workers' allocator: freed blocks kept for reuse "
-                           "(RLJAX_KEEP_FREED_MEMORY=1, `rljax.host_memory`) or glibc's "
-                           "default")
+  parser.add_argument("--host-memory", choices=HOST_MEMORY, default="huge-pages",
+                      help="both workers' allocator: XLA's temporaries in transparent huge "
+                           "pages (the `rljax` command's default), freed blocks kept for reuse "
+                           "(RLJAX_KEEP_FREED_MEMORY=1), or glibc's defaults "
+                           "(`rljax.host_memory`)")
   parser.add_argument("--peer", choices=["trl", "none"], default="trl",
                       help="none: the rljax worker alone (RESULT peer and ratios null)")
   parser.add_argument("--reduced", action="store_true",

@@ -36,7 +36,7 @@ their quotient; for (d) MB, ratio = peer / rljax. Medians over `--reps` calls af
 `--warmup` untimed ones, with min-max; each line carries the load average when printed.
 
     python benchmarks/real_shapes.py [--reps 5] [--parts sampler,grpo] [--peers hf,trl]
-        [--host-memory glibc|keep-freed]
+        [--host-memory huge-pages|keep-freed|glibc]
     python benchmarks/real_shapes.py --reduced --peers hf   # seconds: CI's run
 
 `--reduced` sets the shape flags to `workload.REDUCED_HF_CONFIG`'s (2 layers, width 32,
@@ -59,6 +59,7 @@ import time
 
 import numpy as np
 from grpo_vs_trl import (
+  HOST_MEMORY,
   Worker,
   check_configs,
   emit,
@@ -234,7 +235,7 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
   """(a) and its part of (d): the rljax samplers and HF generate, calls alternating."""
   spec = {"model_dir": model_dir, "batch": args.batch, "prompt_len": args.prompt_len,
           "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
-          "keep_freed_memory": args.host_memory == "keep-freed"}
+          "host_memory": args.host_memory}
   # one process per sampler (HF's is its own too), so that each peak RSS is that sampler's alone
   sides = list(SAMPLERS) + (["hf"] if "hf" in args.peers else [])
   workers = {}
@@ -293,7 +294,7 @@ def run_grpo(model_dir: str, args, shape: dict) -> list[dict]:
           "pack": False, "loss_agg": "seq_mean_token_mean", "lr": 1e-5,
           "threads": args.threads, "steps": args.warmup + args.reps, "time_recompute": False,
           "roofline": True, "vocab": shape["vocab"], "trl_overrides": {},
-          "keep_freed_memory": args.host_memory == "keep-freed"}
+          "host_memory": args.host_memory}
   sides = ("rljax", "trl") if "trl" in args.peers else ("rljax",)
   runs = run_pair(spec, schedule="sequential", omp_wait_policy=args.omp_wait_policy,
                   sides=sides)
@@ -340,7 +341,7 @@ def main():
   parser.add_argument("--reps", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=1, help="untimed calls / steps per side")
   parser.add_argument("--parts", default="sampler,grpo")
-  parser.add_argument("--host-memory", choices=["keep-freed", "glibc"], default="glibc",
+  parser.add_argument("--host-memory", choices=HOST_MEMORY, default="huge-pages",
                       help="every worker's allocator (grpo_vs_trl.py --host-memory); "
                            "keep-freed costs memory at these shapes")
   parser.add_argument("--peers", default="hf,trl", help="comma list of hf, trl ('' for none)")
@@ -366,7 +367,8 @@ def main():
   args.peers = [p for p in args.peers.split(",") if p]
   shape = {k: getattr(args, k) for k in QWEN25_05B}
   load_before = os.getloadavg()
-  print(f"shape {shape}; load average {load_before[0]:.2f} on {os.cpu_count()} cores", flush=True)
+  print(f"shape {shape}; load average {load_before[0]:.2f} on {os.cpu_count()} cores; host "
+        f"memory {args.host_memory} (every worker)", flush=True)
   with tempfile.TemporaryDirectory() as tmp:
     model_dir = args.model_dir or tmp
     if not os.path.exists(os.path.join(model_dir, "config.json")):

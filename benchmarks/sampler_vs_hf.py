@@ -56,6 +56,7 @@ import jax
 import numpy as np
 import torch
 import transformers
+from grpo_vs_trl import HOST_MEMORY, host_memory_environ
 from workload import (
   REDUCED,
   REDUCED_ROOFLINE,
@@ -177,7 +178,7 @@ class Worker:
            "--torch-threads", str(args.torch_threads),
            "--rljax-devices", str(rljax_devices(args, batch))] + ["--reduced"] * args.reduced
     self.side = side
-    env = dict(os.environ)
+    env = host_memory_environ(dict(os.environ), args.host_memory)   # both sides the same
     if side == "rljax":
       env["JAX_NUM_CPU_DEVICES"] = str(rljax_devices(args, batch))
     self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -277,6 +278,8 @@ def parse_args():
   parser.add_argument("--rljax-devices", type=int, default=0,
                       help="XLA CPU devices of the rljax worker, rows split over them "
                       "(0: one per CPU when each gets >= 32 rows, else 1)")
+  parser.add_argument("--host-memory", choices=HOST_MEMORY, default="huge-pages",
+                      help="both workers' allocator (grpo_vs_trl.py --host-memory)")
   parser.add_argument("--in-process", action="store_true",
                       help="time both sides in this process (torch's threads then slow JAX)")
   parser.add_argument("--reduced", action="store_true",
@@ -320,7 +323,8 @@ def main():
              "new_tokens": new_tokens, "reps": args.reps, "vocab_size": cfg.vocab_size,
              "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
              "torch_threads": args.torch_threads or torch.get_num_threads(),
-             "load_avg_before_after": load, "cpu_count": os.cpu_count()}
+             "load_avg_before_after": load, "cpu_count": os.cpu_count(),
+             "host_memory": args.host_memory}
   for b in batches[1:]:
     summary.update({f"{k}_batch{b}": v for k, v in results[b].items()})
   print("RESULT " + json.dumps(summary))

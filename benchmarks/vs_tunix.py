@@ -40,7 +40,7 @@ over `--reps` calls or iterations after `--warmup` (min-max beside them), ratio 
 extra, in a venv of its own: it takes transformers back to 5.12).
 
     python benchmarks/vs_tunix.py [--shape toy|qwen25_05b] [--parts sampler,grpo]
-        [--batches 64,8] [--reps 5] [--warmup 2] [--threads N] [--schedule auto]
+        [--batches 64,8] [--reps 5] [--rounds 3] [--warmup 2] [--threads N] [--schedule auto]
     python benchmarks/vs_tunix.py --reduced   # seconds: CI's run (measures nothing)
 """
 
@@ -56,7 +56,15 @@ import tempfile
 import time
 
 import numpy as np
-from grpo_vs_trl import Worker, check_configs, print_configs, rljax_worker, run_pair, summarise
+from grpo_vs_trl import (
+  HOST_MEMORY,
+  Worker,
+  check_configs,
+  print_configs,
+  rljax_worker,
+  run_pair,
+  summarise,
+)
 from real_shapes import (
   QWEN25_05B,
   SAMPLER_COMPARED,
@@ -110,11 +118,9 @@ def check_probes(configs: dict) -> None:
     raise SystemExit(2)
 
 
-def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
-  """(a) and its part of (c) at one batch size."""
-  spec = {"model_dir": model_dir, "batch": batch, "prompt_len": args.prompt_len,
-          "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
-          "probe": True, "keep_freed_memory": args.host_memory == "keep-freed"}
+def sampler_round(spec: dict, reps: int, batch: int):
+  """One round of (a): fresh workers, one per sampler, `reps` alternating calls each.
+  Returns (per-sampler call seconds, per-sampler `close()` reports, the configs)."""
   workers = {}   # one process per sampler, so that each peak RSS is that sampler's alone
   try:
     for name in SAMPLERS:
@@ -126,7 +132,7 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
       check_configs(configs, SAMPLER_COMPARED + ("xla_cpu_devices",), "sampler configuration")
       check_probes(configs)
     calls: dict[str, list[float]] = {}
-    for i in range(args.reps):
+    for i in range(reps):
       for name in (SAMPLERS if i % 2 == 0 else SAMPLERS[::-1]):
         calls.setdefault(name, []).append(workers[name].step()[name])
       print(f"  batch {batch} call {i + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s"
@@ -135,23 +141,45 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
   finally:
     for w in workers.values():
       w.kill()
+  return calls, done, configs
+
+
+def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
+  """(a) and its part of (c) at one batch size: `--reps` calls per sampler spread over
+  `--rounds` rounds of fresh workers (on this VM a process's speed depends on the process);
+  the peak RSS is the largest over the rounds."""
+  spec = {"model_dir": model_dir, "batch": batch, "prompt_len": args.prompt_len,
+          "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
+          "probe": True, "host_memory": args.host_memory}
+  calls, peaks, round_medians = {}, {}, {}
+  for r in range(args.rounds):
+    reps = args.reps // args.rounds + (1 if r < args.reps % args.rounds else 0)
+    round_calls, done, configs = sampler_round(spec, reps, batch)
+    for name, values in round_calls.items():
+      calls.setdefault(name, []).extend(values)
+      round_medians.setdefault(name, []).append(sig(statistics.median(values)))
+      peaks[name] = max(peaks.get(name, 0.0), done[name]["rss_peak_mb"])
   tokens = batch * args.new_tokens
   common = dict(batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                shape=args.shape, reps=args.reps, threads=configs["rljax"]["threads"],
-                tunix_version=configs["tunix"]["tunix"], matmul_gflops=args.roofline)
+                shape=args.shape, reps=args.reps, rounds=args.rounds,
+                threads=configs["rljax"]["threads"], tunix_version=configs["tunix"]["tunix"],
+                matmul_gflops=args.roofline)
   out = []
   peer = times(calls["tunix"])
   for name in ("static", "continuous"):
     rl = times(calls[name])
     out.append(result(f"sampler_seconds_batch{batch}_{name}", rl["median"], peer["median"],
                       rljax_min_max=rl["min_max"], peer_min_max=peer["min_max"],
+                      rljax_round_medians=round_medians[name],
+                      peer_round_medians=round_medians["tunix"],
                       rljax_tokens_per_s=sig(tokens / rl["median"]),
                       peer_tokens_per_s=sig(tokens / peer["median"]), **common))
   for name in SAMPLERS[:2]:
-    out.append(result(f"sampler_peak_rss_mb_batch{batch}_{name}", done[name]["rss_peak_mb"],
-                      done["tunix"]["rss_peak_mb"], batch=batch, shape=args.shape,
+    out.append(result(f"sampler_peak_rss_mb_batch{batch}_{name}", peaks[name], peaks["tunix"],
+                      batch=batch, shape=args.shape, rounds=args.rounds,
                       matmul_gflops=args.roofline,
-                      note="ru_maxrss of each sampler's worker; ratio = Tunix / rljax"))
+                      note="ru_maxrss of each sampler's worker (largest over the rounds); "
+                           "ratio = Tunix / rljax"))
   return out
 
 
@@ -162,7 +190,7 @@ def run_grpo(model_dir: str, args) -> list[dict]:
           "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "stop_tokens": [],
           "pack": False, "loss_agg": "seq_mean_token_mean", "lr": 1e-5,
           "threads": args.threads, "rljax_devices": 1, "steps": args.warmup + args.reps,
-          "time_recompute": True, "keep_freed_memory": args.host_memory == "keep-freed"}
+          "time_recompute": True, "host_memory": args.host_memory}
   runs = run_pair(spec, schedule=args.schedule, sides=("rljax", "tunix"), script=__file__)
   med = summarise(runs, args.warmup)
   rl, peer = med["rljax"], med["tunix"]
@@ -207,12 +235,15 @@ def parse_args():
   parser.add_argument("--parts", default="sampler,grpo")
   parser.add_argument("--batches", default="", help="sampler batch sizes (default: the shape's)")
   parser.add_argument("--reps", type=int, default=5, help="timed calls / iterations per side")
+  parser.add_argument("--rounds", type=int, default=0,
+                      help="sampler: fresh workers this many times, --reps spread over them "
+                      "(0: 3 at the toy shape, 1 otherwise)")
   parser.add_argument("--warmup", type=int, default=2,
                       help="untimed calls / iterations per side (Tunix compiles twice)")
   parser.add_argument("--threads", type=int, default=0, help="CPUs per side (0: all)")
   parser.add_argument("--schedule", default="auto", choices=["auto", "alternate", "sequential"],
                       help="GRPO workers' steps; auto: alternate, sequential at 0.5B (memory)")
-  parser.add_argument("--host-memory", choices=["glibc", "keep-freed"], default="glibc",
+  parser.add_argument("--host-memory", choices=HOST_MEMORY, default="huge-pages",
                       help="both sides' allocator (grpo_vs_trl.py --host-memory)")
   parser.add_argument("--model-dir", default="", help="reuse (or keep) the saved checkpoint")
   parser.add_argument("--reduced", action="store_true",
@@ -226,7 +257,11 @@ def parse_args():
   if args.warmup < 2:
     parser.error("--warmup must be >= 2: Tunix's sampler compiles on its first two calls")
   if args.reduced:
-    args.shape, args.reps = "reduced", 2
+    args.shape, args.reps, args.rounds = "reduced", 2, args.rounds or 1
+  if args.rounds == 0:
+    args.rounds = 3 if args.shape == "toy" else 1
+  if not 1 <= args.rounds <= args.reps:
+    parser.error(f"--rounds must be in [1, --reps={args.reps}], got {args.rounds}")
   args.hf_config, args.prompt_len, args.new_tokens, batches, args.grpo = SHAPES[args.shape]
   args.batches = [int(b) for b in args.batches.split(",")] if args.batches else list(batches)
   if args.schedule == "auto":
@@ -249,7 +284,8 @@ def main():
   print(f"shape {args.shape} ({args.hf_config['num_hidden_layers']} layers, width "
         f"{args.hf_config['hidden_size']}, vocab {args.hf_config['vocab_size']}), "
         f"{args.prompt_len} + {args.new_tokens} tokens; load average {load_before[0]:.2f} on "
-        f"{os.cpu_count()} cores; matmul roofline {args.roofline:.1f} GFLOP/s", flush=True)
+        f"{os.cpu_count()} cores; matmul roofline {args.roofline:.1f} GFLOP/s; host memory "
+        f"{args.host_memory} (both sides)", flush=True)
   with tempfile.TemporaryDirectory(prefix="vs_tunix_") as tmp:
     model_dir = args.model_dir or tmp
     t0 = time.perf_counter()

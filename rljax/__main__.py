@@ -1,3 +1,3 @@
-from rljax.cli import main
+from rljax.console import main
 
 main()

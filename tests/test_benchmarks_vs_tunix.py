@@ -49,7 +49,7 @@ def test_shapes():
                     f"({_tunix_missing()}): pip install -e '.[tunix-losses]' && pip install "
                     "--no-deps google-tunix==0.1.7, as .ci/run does")
 def test_reduced_run():
-  res = run_bench("vs_tunix.py", "--reduced")
+  res = run_bench("vs_tunix.py", "--reduced", "--rounds", "2")
   res.pop("_stdout")
   assert set(res) == {"sampler_seconds_batch4_static", "sampler_seconds_batch4_continuous",
                       "sampler_peak_rss_mb_batch4_static", "sampler_peak_rss_mb_batch4_continuous",
@@ -60,6 +60,9 @@ def test_reduced_run():
   for name in ("static", "continuous"):
     r = res[f"sampler_seconds_batch4_{name}"]
     assert (r["batch"], r["prompt_len"], r["new_tokens"], r["reps"]) == (4, 8, 8, 2)
+    # two rounds of fresh workers, one call each: the pooled median is their mean
+    assert r["rounds"] == 2 and len(r["rljax_round_medians"]) == 2
+    assert r["rljax"] == pytest.approx(sum(r["rljax_round_medians"]) / 2, rel=2e-3)
     assert r["rljax_tokens_per_s"] == pytest.approx(4 * 8 / r["rljax"], rel=2e-3)
     assert r["peer_tokens_per_s"] == pytest.approx(4 * 8 / r["peer"], rel=2e-3)
     assert r["rljax_min_max"][0] <= r["rljax"] <= r["rljax_min_max"][1]
