@@ -79,6 +79,7 @@ from workload import (
   REDUCED_ROOFLINE,
   matmul_roofline,
   sig,
+  weight_stream_gbps,
 )
 
 # shape -> (HF config, prompt tokens, new tokens, sampler batches, GRPO prompts x group)
@@ -160,8 +161,12 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
       round_medians.setdefault(name, []).append(sig(statistics.median(values)))
       peaks[name] = max(peaks.get(name, 0.0), done[name]["rss_peak_mb"])
   tokens = batch * args.new_tokens
+  # each decode step reads every weight once: bytes x steps / time, against what a
+  # [batch, width] @ lm-head product streams here (`workload.weight_stream_gbps`)
+  weight_gb = done["static"]["param_mb"] * 2 ** 20 * args.new_tokens / 1e9
   common = dict(batch=batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                 shape=args.shape, reps=args.reps, rounds=args.rounds,
+                weight_stream_gb_per_s=args.weight_stream and sig(args.weight_stream),
                 threads=configs["rljax"]["threads"], tunix_version=configs["tunix"]["tunix"],
                 matmul_gflops=args.roofline)
   out = []
@@ -173,7 +178,9 @@ def run_sampler(model_dir: str, args, batch: int) -> list[dict]:
                       rljax_round_medians=round_medians[name],
                       peer_round_medians=round_medians["tunix"],
                       rljax_tokens_per_s=sig(tokens / rl["median"]),
-                      peer_tokens_per_s=sig(tokens / peer["median"]), **common))
+                      peer_tokens_per_s=sig(tokens / peer["median"]),
+                      rljax_weight_gb_per_s=sig(weight_gb / rl["median"]),
+                      peer_weight_gb_per_s=sig(weight_gb / peer["median"]), **common))
   for name in SAMPLERS[:2]:
     out.append(result(f"sampler_peak_rss_mb_batch{batch}_{name}", peaks[name], peaks["tunix"],
                       batch=batch, shape=args.shape, rounds=args.rounds,
@@ -281,11 +288,13 @@ def main():
     return
   load_before = os.getloadavg()
   args.roofline = matmul_roofline(**REDUCED_ROOFLINE) if args.reduced else matmul_roofline()
+  args.weight_stream = weight_stream_gbps() if args.shape == "qwen25_05b" else None
   print(f"shape {args.shape} ({args.hf_config['num_hidden_layers']} layers, width "
         f"{args.hf_config['hidden_size']}, vocab {args.hf_config['vocab_size']}), "
         f"{args.prompt_len} + {args.new_tokens} tokens; load average {load_before[0]:.2f} on "
         f"{os.cpu_count()} cores; matmul roofline {args.roofline:.1f} GFLOP/s; host memory "
-        f"{args.host_memory} (both sides)", flush=True)
+        f"{args.host_memory} (both sides)" + (f"; weight stream {args.weight_stream:.1f} GB/s"
+                                              if args.weight_stream else ""), flush=True)
   with tempfile.TemporaryDirectory(prefix="vs_tunix_") as tmp:
     model_dir = args.model_dir or tmp
     t0 = time.perf_counter()

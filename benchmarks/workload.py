@@ -193,6 +193,29 @@ def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
   return 2 * n ** 3 / statistics.median(times) / 1e9
 
 
+def weight_stream_gbps(rows: int = 8, k: int = 896, n: int = 151_936, warm: int = 3,
+                       reps: int = 5) -> float:
+  """The rate (GB/s) at which a decode step can read fp32 weights here: a jitted
+  `[rows, k] @ [k, n]` product (default: batch 8 against Qwen2.5-0.5B's 544 MB lm head),
+  the weight's bytes over the median time of `reps` calls after `warm`. A decode step at a
+  few rows reads every weight once and does little else, so parameter bytes x steps / this
+  rate bounds a sampler from below."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jax.random.normal(jax.random.key(0), (rows, k), jnp.float32)
+  w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  for _ in range(warm):
+    dot(x, w).block_until_ready()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    dot(x, w).block_until_ready()
+    times.append(time.perf_counter() - t0)
+  return 4 * k * n / statistics.median(times) / 1e9
+
+
 # ----------------------------------------------------------------------------- rljax
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""

@@ -63,6 +63,10 @@ def test_reduced_run():
     # two rounds of fresh workers, one call each: the pooled median is their mean
     assert r["rounds"] == 2 and len(r["rljax_round_medians"]) == 2
     assert r["rljax"] == pytest.approx(sum(r["rljax_round_medians"]) / 2, rel=2e-3)
+    # the same weight bytes per decode step on both sides: GB/s x seconds agree
+    assert r["rljax_weight_gb_per_s"] * r["rljax"] == pytest.approx(
+        r["peer_weight_gb_per_s"] * r["peer"], rel=5e-3)
+    assert r["weight_stream_gb_per_s"] is None   # probed at the 0.5B shape only
     assert r["rljax_tokens_per_s"] == pytest.approx(4 * 8 / r["rljax"], rel=2e-3)
     assert r["peer_tokens_per_s"] == pytest.approx(4 * 8 / r["peer"], rel=2e-3)
     assert r["rljax_min_max"][0] <= r["rljax"] <= r["rljax_min_max"][1]
