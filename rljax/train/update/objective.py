@@ -97,8 +97,7 @@ def policy_terms(spec: LossSpec, logp, batch):
     return decoupled_ppo_loss(
         logp, batch["old_logp"], batch["sampler_logp"], batch["advantages"], batch["mask"],
         eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
-        ratio_level=kwargs["ratio_level"],
-        behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
+        ratio_level=kwargs["ratio_level"], behav_cap=spec.decoupled_cap)   # inf: no cap
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
                            batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 
@@ -172,6 +171,24 @@ def _ptx(m: Micro, loss):
   nll_sum, _ = sft_nll(m.actor, m.batch["ptx"])
   loss = loss + m.spec.ptx_coef * nll_sum / m.denom["ptx_tokens"]
   return loss, {"ptx_nll": nll_sum / m.denom["ptx_tokens"] * m.denom["tokens"]}
+
+
+def _ptx_tokens(minibatch):
+  return jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
+
+
+# The minibatch-wide normalisers of optional terms, (the LossSpec field that turns the term
+# on, (name, normaliser(minibatch))): the ptx demonstrations' token count
+TERM_DENOMINATORS = (("ptx_coef", ("ptx_tokens", _ptx_tokens)),)
+
+
+def minibatch_denominators(spec: LossSpec, minibatch):
+  """`denominators` of the minibatch's loss mask, and the normalisers of the terms `spec`
+  turns on (`TERM_DENOMINATORS`; the minibatch has the ptx demonstrations with `ptx_coef`,
+  `Epochs.minibatch`)."""
+  denom = denominators(spec, minibatch["mask"])
+  denom.update({name: count(minibatch) for name, count in enabled(spec, TERM_DENOMINATORS)})
+  return denom
 
 
 def _token_outputs(m: Micro, loss):

@@ -116,9 +116,7 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
                      NamedSharding(mesh, PartitionSpec()))
 
   def jitted_step(state: TrainState, base, minibatch, train_actor):
-    denom = objective.denominators(spec, minibatch["mask"])
-    if spec.ptx_coef:   # the minibatch has the ptx demonstrations (`Epochs.minibatch`)
-      denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
+    denom = objective.minibatch_denominators(spec, minibatch)
     grads, loss, sums, per_token = accumulate_gradients(
         micro, (state.actor, state.critic), minibatch, denom, base, num_micro)
     new_state, (actor_norm, critic_norm), finite = apply_gradients(
