@@ -115,8 +115,9 @@ def _sum(per_token, mask, mode, spec):
   return agg.aggregate_parts(per_token, mask, mode, max_len=spec.max_len)[0]
 
 
-# Metrics key of the per-token [b, T] old log-probs and entropies that the update step
-# returns when `old_logp_from_update` (the rollout statistics need them).
+# Metrics key of the per-token [b, T] outputs of the update step: always there, {} unless
+# `old_logp_from_update` (then its old log-probs and entropies: the rollout statistics
+# need them).
 TOKEN_OUTPUTS = "per_token"
 
 
@@ -209,8 +210,8 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
 
   Returns:
     (loss scalar, metric sums): divide each metric sum by `denom["tokens"]` (token
-    metrics) after summing over micro-batches; with `spec.old_logp_from_update` also
-    `metrics[TOKEN_OUTPUTS]`, this micro-batch's old log-probs and entropies [b, T].
+    metrics) after summing over micro-batches; `metrics[TOKEN_OUTPUTS]` is {}, or with
+    `spec.old_logp_from_update` this micro-batch's old log-probs and entropies [b, T].
   """
   mask = batch["mask"].astype(jnp.float32)
   logp, entropy, routed = current_policy(spec, actor, batch)
@@ -227,7 +228,7 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
       "pg_loss": pg * denom["tokens"], "entropy": m.token_sum(entropy),
       "clip_low": m.token_sum(diag.clip_low_bt), "clip_high": m.token_sum(diag.clip_high_bt),
       "clip_dual": m.token_sum(diag.clip_dual_bt), "ratio": m.token_sum(diag.ratio_bt),
-      "approx_kl_old": m.token_sum(diag.approx_kl_bt),
+      "approx_kl_old": m.token_sum(diag.approx_kl_bt), TOKEN_OUTPUTS: {},
   }
   by_prob = clip_by_probability_bt(batch["old_logp"], diag.clip_low_bt, diag.clip_high_bt, mask)
   metrics.update({k: m.token_sum(v) for k, v in by_prob.items()})
