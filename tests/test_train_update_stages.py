@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.train.config.specs import PolicySourcesSpec, ShapingSpec, TokenWeightSpec
+from rljax.train.update.advantages import ESTIMATES, TOKEN_ESTIMATORS, _token_level
 from rljax.train.update.batch import UpdateBatch
 from rljax.train.update.distill import Distiller
 from rljax.train.update.old_logp import FromUpdate, Recompute, Sampler, correction, no_correction
@@ -48,6 +50,10 @@ def test_enabled_keeps_the_set_steps_in_order_and_names_an_unknown_field():
   table = (("reward_clip", "clip"), ("missing_eos_penalty", "eos"), ("reward_norm", "norm"))
   spec = dataclasses.replace(SHAPING, missing_eos_penalty=0.5, reward_clip=2.0)
   assert enabled(spec, table) == ("clip", "eos")
+  # a "none" choice is off, another name is on
+  table = (("pf_ppo", "resample"), ("overlong_filter", "filter"))
+  assert enabled(WEIGHTS, table) == ()
+  assert enabled(dataclasses.replace(WEIGHTS, pf_ppo="pow"), table) == ("resample",)
   with pytest.raises(ValueError, match="no_such_flag"):
     enabled(spec, (("no_such_flag", "x"),))
 
@@ -65,8 +71,8 @@ def test_shaper_adds_the_missing_eos_penalty_and_leaves_its_input():
 
 def test_weigher_masks_rows_without_loss_and_truncated_rows_and_weighs_by_tis():
   upd = _batch()
-  weigh = Weigher(dataclasses.replace(WEIGHTS, overlong_filter=True),
-                  Recompute().correction(dataclasses.replace(SOURCES, is_correction="tis")))
+  weigh = Weigher.create(dataclasses.replace(WEIGHTS, overlong_filter=True),
+                         Recompute().correction(dataclasses.replace(SOURCES, is_correction="tis")))
   out = weigh(upd, jax.random.key(0))
   # row 0 is truncated (overlong filter), row 1 carries no loss (keep_loss = 0)
   np.testing.assert_array_equal(out.mask, np.zeros((2, 3)))
@@ -112,3 +118,47 @@ def test_distiller_with_only_the_teacher_zeroes_the_estimators_scores_not_the_ba
   np.testing.assert_array_equal(distiller.reward(scored).scores, [0.0, 0.0])
   np.testing.assert_array_equal(scored.scores, [1.0, 0.0])
   assert upd.teacher_logp is None and upd.distill_penalty is None
+
+
+def test_weigher_weighs_by_sign_and_keeps_the_high_entropy_tokens():
+  upd = _batch()._replace(entropy=jnp.asarray([[3.0, 1.0, 2.0], [0.5, 4.0, 9.0]]))
+  spec = dataclasses.replace(WEIGHTS, psr_weight=0.25, nsr_weight=2.0,
+                             high_entropy_fraction=0.4)
+  weigh = Weigher.create(spec, no_correction)
+  assert [f.__name__ for f in weigh.filters] == ["_high_entropy"]
+  out = weigh(upd, jax.random.key(0))
+  # row 0 has A > 0 (0.25), row 1 A < 0 (2.0); the top 40% of the 5 completion tokens by
+  # entropy: 4.0 and 3.0 (row 1's 9.0 is past its completion)
+  np.testing.assert_allclose(out.token_weights, [[0.25, 0, 0], [0, 2.0, 0]])
+  np.testing.assert_array_equal(out.mask, [[1, 1, 1], [0, 0, 0]])   # row 1 carries no loss
+  # with the default weights (1, 1) and no filter every token weighs 1
+  plain = Weigher.create(WEIGHTS, no_correction)(upd, jax.random.key(0))
+  np.testing.assert_array_equal(plain.token_weights, np.ones((2, 3)))
+
+
+def test_every_registered_estimator_has_its_estimate_at_its_level():
+  token = {n for n, e in ADVANTAGE_ESTIMATORS.items() if e.level == "token"}
+  assert set(ESTIMATES) == set(ADVANTAGE_ESTIMATORS)
+  assert set(TOKEN_ESTIMATORS) == token
+  assert all(ESTIMATES[n].func is _token_level for n in token)
+
+
+def test_distiller_in_the_advantage_adds_the_teachers_term_and_c_0_adds_nothing():
+  upd = _batch()
+  teacher_logp = jnp.log(jnp.asarray([[0.25, 0.5, 0.5], [0.5, 0.5, 1.0]]))
+  fns = types.SimpleNamespace(policy_stats=lambda params, seq: (teacher_logp, None))
+  teacher = types.SimpleNamespace(params=None)
+  spec = types.SimpleNamespace(mode="advantage", coef=0.5, only=False)
+  distiller = Distiller(spec=spec, fns=fns, teacher=teacher)
+  scored = distiller.score(upd, None)
+  assert scored.distill_penalty is None
+  out = distiller.advantages(distiller.reward(scored))
+  want = np.array(upd.advantages)
+  want[0, 0] -= 0.5 * np.log(2.0)   # −c·(log π_s − log π_t)
+  np.testing.assert_allclose(out.advantages, want, rtol=1e-6)
+  for mode in ("advantage", "reward"):
+    off = Distiller(spec=types.SimpleNamespace(mode=mode, coef=0.0, only=False), fns=fns,
+                    teacher=teacher)
+    done = off.advantages(off.reward(off.score(upd, None)))
+    np.testing.assert_array_equal(done.advantages, upd.advantages)
+    np.testing.assert_array_equal(done.scores, upd.scores)

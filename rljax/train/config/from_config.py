@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 
-from rljax.ops.estimators import ADVANTAGE_ESTIMATORS, estimator_kwargs
+from rljax.ops.estimators import estimator_kwargs
 from rljax.ops.policy_loss import policy_loss_spec
 from rljax.train.config import algo, specs
 from rljax.train.config.defaults import (
@@ -60,9 +60,9 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> spec
       loss=loss_spec(config, pack_groups, columns=columns),
       advantage=fill(specs.AdvantageSpec, adv, read(specs.PolicySourcesSpec, config),
                      estimator=adv.advantage, kwargs=estimator_kwargs(adv.advantage, a),
-                     token_level=ADVANTAGE_ESTIMATORS[adv.advantage].level == "token",
                      group_size=n, whiten=adv.whiten_advantages, eps=adv.adv_eps,
-                     kl_in_reward=a.kl_placement == "reward"),
+                     kl_in_reward=a.kl_placement == "reward",
+                     sampling_sum_sq=adv.advantage == "optimal_token_baseline"),
       sft=fill(specs.SFTSpec, sft, completion_len=sft.max_len or columns,
                cache_key=_sft_cache_key(config, model_description, columns),
                heldout_key=_heldout_key(config, model_description, columns, sets)),

@@ -143,7 +143,6 @@ class AdvantageSpec:
 
   estimator: str
   kwargs: tuple                # the estimator's own arguments, sorted (name, value) pairs
-  token_level: bool            # the estimator needs per-token rewards (GAE, REINFORCE++, ...)
   group_size: int
   gamma: float
   lam: float
@@ -155,6 +154,7 @@ class AdvantageSpec:
   reward_weights: tuple = ()
   eps: float = 1e-6
   gdpo_whiten_over: str = "samples"
+  sampling_sum_sq: bool = False   # the estimator reads the sampling policy's Σ_v π_v² (OTB)
 
 
 @dataclasses.dataclass(frozen=True)

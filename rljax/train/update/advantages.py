@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from rljax.ops import advantages as adv_ops
 from rljax.ops import advantages_group
 from rljax.ops import kl as kl_ops
-from rljax.ops.estimators import GroupInputs, sequence_advantages
+from rljax.ops.estimators import ADVANTAGE_ESTIMATORS, GroupInputs, sequence_advantages
 from rljax.train.config.specs import AdvantageSpec
 
 
@@ -74,15 +74,17 @@ TOKEN_ESTIMATORS = {"gae": _gae, "reinforce_pp": _reinforce_pp,
                     "reinforce_pp_baseline": _reinforce_pp_baseline}
 
 
-def _token_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
-  """(advantages, returns) of the token-level estimators."""
+def _token_level(estimate, spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef,
+                 penalty_bt=None):
+  """(advantages, returns) of a token-level estimator (`estimate`, a `TOKEN_ESTIMATORS`
+  entry) from the per-token rewards."""
   rewards_bt = kl_ops.kl_penalized_rewards(scores, kl_bt, mask, beta=kl_coef)
   if penalty_bt is not None:   # on-policy distillation in the reward: r_t −= c·d_t
     rewards_bt = rewards_bt - penalty_bt
   # the sequence's score less its KL (and distillation) penalties (unused ones are not
   # computed: this runs under `jax.jit`)
   seq_scores = _minus_penalty(scores - kl_coef * jnp.sum(kl_bt, axis=1), penalty_bt)
-  return TOKEN_ESTIMATORS[spec.estimator](spec, batch, rewards_bt, mask, seq_scores)
+  return estimate(spec, batch, rewards_bt, mask, seq_scores)
 
 
 def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, penalty_bt=None):
@@ -105,6 +107,13 @@ def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, pe
                                 inputs).reshape(-1)
   advantages = jnp.broadcast_to(adv_b[:, None], mask.shape) * mask
   return advantages, advantages
+
+
+# Every registered estimator's estimate(spec, batch, scores, kl_bt, mask, kl_coef, penalty_bt)
+# -> (advantages, returns), by name: the token-level ones (`TOKEN_ESTIMATORS`) from per-token
+# rewards, the sequence-level ones from each group's scores
+ESTIMATES = ({name: _sequence_level for name in ADVANTAGE_ESTIMATORS}
+             | {name: functools.partial(_token_level, fn) for name, fn in TOKEN_ESTIMATORS.items()})
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -131,7 +140,7 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
   penalty_bt = batch.distill_penalty
   if penalty_bt is not None:
     penalty_bt = penalty_bt * mask
-  estimate = _token_level if spec.token_level else _sequence_level
+  estimate = ESTIMATES[spec.estimator]
   advantages, returns = estimate(spec, batch, scores, kl_bt, mask, kl_coef, penalty_bt)
   if spec.whiten:
     advantages = adv_ops.whiten(advantages, mask)

@@ -27,10 +27,66 @@ def _mask(upd: UpdateBatch):
   return (upd.completion_mask * upd.valid[:, None]).astype(jnp.float32)
 
 
+@dataclasses.dataclass(frozen=True)
+class InReward:
+  """`distill_mode="reward"`: the per-token penalty c·(log π_s − log π_t) enters the reward
+  (`distill_penalty`, which `update.advantages.compute_advantages` subtracts from it)."""
+
+  spec: DistillSpec
+
+  def penalty(self, upd: UpdateBatch) -> UpdateBatch:
+    """A new batch with the penalty (zeros for c = 0)."""
+    return upd._replace(distill_penalty=self.spec.coef * distill_reverse_kl(
+        upd.old_logp, upd.teacher_logp, _mask(upd)))
+
+  def reward(self, upd: UpdateBatch) -> UpdateBatch:
+    """With `distill_only`, the task's scores are 0 for the estimator (the penalty is the
+    whole reward); the batch's own `scores` (the metrics') stay."""
+    if not self.spec.only:
+      return upd
+    return upd._replace(scores=jnp.zeros_like(upd.scores))
+
+  def advantages(self, upd: UpdateBatch) -> UpdateBatch:
+    """`upd`: the term is in the reward."""
+    return upd
+
+
+@dataclasses.dataclass(frozen=True)
+class InAdvantage:
+  """`distill_mode="advantage"`: −c·(log π_s − log π_t) per token is added to the task's
+  advantages (or replaces them with `distill_only`).
+
+  Note: added after the estimator (and its whitening), as the Thinking Machines recipe
+  adds it to the task's advantages.
+  """
+
+  spec: DistillSpec
+
+  def penalty(self, upd: UpdateBatch) -> UpdateBatch:
+    """`upd`: nothing enters the reward."""
+    return upd
+
+  def reward(self, upd: UpdateBatch) -> UpdateBatch:
+    """`upd`."""
+    return upd
+
+  def advantages(self, upd: UpdateBatch) -> UpdateBatch:
+    """A new batch whose advantages are the task's (none with `distill_only`) plus the
+    teacher's term (zeros for c = 0)."""
+    distill = distill_advantages(upd.old_logp, upd.teacher_logp, _mask(upd),
+                                 coef=self.spec.coef)
+    return upd._replace(advantages=distill if self.spec.only else upd.advantages + distill)
+
+
+# Where the teacher's term enters, by `algo.distill_mode`
+DISTILL_MODES = {"reward": InReward, "advantage": InAdvantage}
+
+
 @dataclasses.dataclass
 class Distiller:
   """The teacher's stages of `Preparer.prepare` (made by `make_trainer` when the run has
-  one): `score` before the advantages, `advantages` after them.
+  one): `score` before the advantages, `reward` the estimator's scores, `advantages` after
+  them; where the term enters is the `DISTILL_MODES` entry of the run's mode, chosen once.
 
   Attributes:
     spec: the distillation settings (coefficient, mode, teacher only).
@@ -41,38 +97,24 @@ class Distiller:
   spec: DistillSpec
   fns: ForwardFns
   teacher: Teacher
+  term: InReward | InAdvantage = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.term = DISTILL_MODES[self.spec.mode](self.spec)
 
   def score(self, upd: UpdateBatch, sequences) -> UpdateBatch:
     """A new batch with the teacher's log-probs of the sampled tokens (`teacher_logp`) and,
-    with `distill_mode="reward"`, the per-token penalty c·(log π_s − log π_t)
-    (`distill_penalty`, which `update.advantages.compute_advantages` subtracts from the
-    reward)."""
+    with `distill_mode="reward"`, the per-token penalty (`distill_penalty`)."""
     upd = upd._replace(teacher_logp=self.fns.policy_stats(self.teacher.params, sequences)[0])
-    if self.spec.mode != "reward" or not self.spec.coef:
-      return upd
-    return upd._replace(distill_penalty=self.spec.coef * distill_reverse_kl(
-        upd.old_logp, upd.teacher_logp, _mask(upd)))
+    return self.term.penalty(upd)
 
   def reward(self, upd: UpdateBatch) -> UpdateBatch:
-    """The batch the advantage estimator sees: with `distill_only` and a penalty in the
-    reward, the task's scores are 0 there (the penalty is the whole reward); the batch's
-    own `scores` (the metrics') stay."""
-    if upd.distill_penalty is None or not self.spec.only:
-      return upd
-    return upd._replace(scores=jnp.zeros_like(upd.scores))
+    """The batch the advantage estimator sees (`InReward.reward`)."""
+    return self.term.reward(upd)
 
   def advantages(self, upd: UpdateBatch) -> UpdateBatch:
-    """With `distill_mode="advantage"`: a new batch whose advantages are the task's (none
-    with `distill_only`) plus −c·(log π_s − log π_t) per token; otherwise `upd`.
-
-    Note: added after the estimator (and its whitening), as the Thinking Machines recipe
-    adds it to the task's advantages.
-    """
-    if self.spec.mode != "advantage" or not self.spec.coef:
-      return upd
-    distill = distill_advantages(upd.old_logp, upd.teacher_logp, _mask(upd),
-                                 coef=self.spec.coef)
-    return upd._replace(advantages=distill if self.spec.only else upd.advantages + distill)
+    """The batch with the teacher's term in its advantages (`InAdvantage.advantages`)."""
+    return self.term.advantages(upd)
 
 
 @dataclasses.dataclass(frozen=True)

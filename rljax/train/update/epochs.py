@@ -71,24 +71,21 @@ class Epochs:
 
   def run(self, state, upd: UpdateBatch, update_key, *, train_actor: bool, iteration: int):
     """Returns (state, mean metrics over the steps as `update/<name>`, the per-token outputs
-    of the update step in `upd`'s row order or None). The step returns per-token outputs
-    with the old log-probs taken from its own forward pass (`old_logp.FromUpdate`: one
+    of the last update step in `upd`'s row order). The step's per-token outputs are {}, or
+    the old log-probs taken from its own forward pass (`old_logp.FromUpdate`: one
     minibatch); `upd` is not changed."""
     s = self.schedule
     b = upd.mask.shape[0]
     per_mb = b // s.minibatches
-    sums, count, token_outputs = {}, 0, None
+    steps, token_outputs = [], {}
     for epoch in range(s.epochs):
       perm = np.asarray(jax.random.permutation(jax.random.fold_in(update_key, epoch), b))
       for m in range(s.minibatches):
         index = perm[m * per_mb:(m + 1) * per_mb]
         minibatch = self.minibatch(state, upd, index, iteration=iteration, epoch=epoch, m=m)
         state, metrics = self.update_step(state, minibatch, jnp.asarray(train_actor))
-        per_token = metrics.pop(objective.TOKEN_OUTPUTS, None)
-        if per_token is not None:   # rows in `index` order -> the batch's
-          inverse = jnp.argsort(index)
-          token_outputs = {k: v[inverse] for k, v in per_token.items()}
-        for k, v in metrics.items():
-          sums[k] = sums.get(k, 0.0) + float(v)
-        count += 1
-    return state, {f"update/{k}": v / count for k, v in sums.items()}, token_outputs
+        per_token = metrics.pop(objective.TOKEN_OUTPUTS)   # rows in `index` order
+        token_outputs = {k: v[np.argsort(index)] for k, v in per_token.items()}
+        steps.append({k: float(v) for k, v in metrics.items()})
+    return state, {f"update/{k}": sum(m[k] for m in steps) / len(steps)
+                   for k in steps[0]}, token_outputs

@@ -97,8 +97,7 @@ def policy_terms(spec: LossSpec, logp, batch):
     return decoupled_ppo_loss(
         logp, batch["old_logp"], batch["sampler_logp"], batch["advantages"], batch["mask"],
         eps_low=kwargs["eps_low"], eps_high=kwargs["eps_high"], dual_clip=kwargs["dual_clip"],
-        ratio_level=kwargs["ratio_level"],
-        behav_cap=None if spec.decoupled_cap == float("inf") else spec.decoupled_cap)
+        ratio_level=kwargs["ratio_level"], behav_cap=spec.decoupled_cap)   # inf: no cap
   return apply_policy_loss(spec.policy, logp, batch["old_logp"], batch["advantages"],
                            batch["mask"], key=jax.random.wrap_key_data(batch["rng"][0]))
 
@@ -116,8 +115,9 @@ def _sum(per_token, mask, mode, spec):
   return agg.aggregate_parts(per_token, mask, mode, max_len=spec.max_len)[0]
 
 
-# Metrics key of the per-token [b, T] old log-probs and entropies that the update step
-# returns when `old_logp_from_update` (the rollout statistics need them).
+# Metrics key of the per-token [b, T] outputs of the update step: always there, {} unless
+# `old_logp_from_update` (then its old log-probs and entropies: the rollout statistics
+# need them).
 TOKEN_OUTPUTS = "per_token"
 
 
@@ -174,6 +174,24 @@ def _ptx(m: Micro, loss):
   return loss, {"ptx_nll": nll_sum / m.denom["ptx_tokens"] * m.denom["tokens"]}
 
 
+def _ptx_tokens(minibatch):
+  return jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
+
+
+# The minibatch-wide normalisers of optional terms, (the LossSpec field that turns the term
+# on, (name, normaliser(minibatch))): the ptx demonstrations' token count
+TERM_DENOMINATORS = (("ptx_coef", ("ptx_tokens", _ptx_tokens)),)
+
+
+def minibatch_denominators(spec: LossSpec, minibatch):
+  """`denominators` of the minibatch's loss mask, and the normalisers of the terms `spec`
+  turns on (`TERM_DENOMINATORS`; the minibatch has the ptx demonstrations with `ptx_coef`,
+  `Epochs.minibatch`)."""
+  denom = denominators(spec, minibatch["mask"])
+  denom.update({name: count(minibatch) for name, count in enabled(spec, TERM_DENOMINATORS)})
+  return denom
+
+
 def _token_outputs(m: Micro, loss):
   return loss, {TOKEN_OUTPUTS: {"old_logp": m.batch["old_logp"],
                                 "entropy": jax.lax.stop_gradient(m.entropy)}}
@@ -192,8 +210,8 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
 
   Returns:
     (loss scalar, metric sums): divide each metric sum by `denom["tokens"]` (token
-    metrics) after summing over micro-batches; with `spec.old_logp_from_update` also
-    `metrics[TOKEN_OUTPUTS]`, this micro-batch's old log-probs and entropies [b, T].
+    metrics) after summing over micro-batches; `metrics[TOKEN_OUTPUTS]` is {}, or with
+    `spec.old_logp_from_update` this micro-batch's old log-probs and entropies [b, T].
   """
   mask = batch["mask"].astype(jnp.float32)
   logp, entropy, routed = current_policy(spec, actor, batch)
@@ -210,7 +228,7 @@ def micro_loss(spec: LossSpec, actor, critic, batch, denom):
       "pg_loss": pg * denom["tokens"], "entropy": m.token_sum(entropy),
       "clip_low": m.token_sum(diag.clip_low_bt), "clip_high": m.token_sum(diag.clip_high_bt),
       "clip_dual": m.token_sum(diag.clip_dual_bt), "ratio": m.token_sum(diag.ratio_bt),
-      "approx_kl_old": m.token_sum(diag.approx_kl_bt),
+      "approx_kl_old": m.token_sum(diag.approx_kl_bt), TOKEN_OUTPUTS: {},
   }
   by_prob = clip_by_probability_bt(batch["old_logp"], diag.clip_low_bt, diag.clip_high_bt, mask)
   metrics.update({k: m.token_sum(v) for k, v in by_prob.items()})

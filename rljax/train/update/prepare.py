@@ -6,6 +6,9 @@ Preparation is a short list of stages, each owning one spec and returning a new 
 policy outputs (`PolicySourcesSpec`, through the run's `old_logp` strategy), shaping
 (`ShapingSpec`, `scores.Shaper`), advantages (`AdvantageSpec`), distillation
 (`DistillSpec`, `distill.Distiller`) and weights (`TokenWeightSpec`, `weights.Weigher`).
+The optional steps (the estimator's extra inputs, the staleness metrics, PF-PPO) are
+declared once in tables beside the spec field that turns each on, and chosen once
+(`Preparer.create`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from rljax.train.update.distill import Distiller, NoTeacher, distill_metrics
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.old_logp import Recompute, old_logp_source
 from rljax.train.update.scores import Shaper
+from rljax.train.update.stages import enabled
 from rljax.train.update.weights import Weigher, pf_ppo_filter
 
 
@@ -50,6 +54,45 @@ def staleness(upd: UpdateBatch, lags, max_lag: int) -> dict:
   return out
 
 
+def _reward_components(p: Preparer, state, upd: UpdateBatch, rollout: RolloutBatch,
+                       sequences) -> UpdateBatch:
+  """GDPO: a new batch with the [B, K] unweighted reward components in `gdpo_terms` order;
+  the last one is what shaping added to the weighted sum."""
+  cols = [np.asarray(rollout.components[n], np.float32) for n in p.reward_names[:-1]]
+  delta = np.asarray(upd.scores, np.float32) - np.asarray(rollout.scores, np.float32)
+  return upd._replace(reward_components=jnp.asarray(np.stack(cols + [delta], axis=1)))
+
+
+def _sampling_sum_sq(p: Preparer, state, upd: UpdateBatch, rollout, sequences) -> UpdateBatch:
+  """The optimal token baseline: a new batch with the sampling policy's log-probs and
+  Σ_v π_v² of its tokens."""
+  sampled_logp, sum_sq = p.fns.policy_sum_sq(policy_params(state), sequences)
+  return upd._replace(sampled_logp=sampled_logp, sum_sq=sum_sq)
+
+
+# The advantage estimate's optional inputs, (the AdvantageSpec field that asks for one,
+# step(preparer, state, batch, rollout, sequences) -> batch), in order
+ADVANTAGE_INPUTS = (("reward_weights", _reward_components),
+                    ("sampling_sum_sq", _sampling_sum_sq))
+
+
+def _staleness(p: Preparer, upd: UpdateBatch, rollout: RolloutBatch, key, iteration: int):
+  max_lag = p.specs.rollout.max_staleness
+  return upd, staleness(upd, iteration - rollout.versions, max_lag)
+
+
+def _pf_ppo(p: Preparer, upd: UpdateBatch, rollout, key, iteration: int):
+  upd, unique = pf_ppo_filter(p.specs.weights, upd, key)
+  return upd, {"train/pf_ppo_unique_frac": unique}
+
+
+# The steps after the rollout's metrics, (the spec field that turns one on, step(preparer,
+# batch, rollout, update key, iteration) -> (batch, metrics)): an asynchronous run's
+# staleness metrics (`RolloutSpec`), then PF-PPO's resampling (`TokenWeightSpec`)
+STALENESS = (("max_staleness", _staleness),)
+RESAMPLING = (("pf_ppo", _pf_ppo),)
+
+
 @dataclasses.dataclass
 class Preparer:
   """Turns a `RolloutBatch` into the update batch (see `prepare`); its stages are chosen
@@ -64,16 +107,21 @@ class Preparer:
   old_logp: Recompute = Recompute()    # where the old log-probs come from
   shaper: Shaper | None = None
   weigher: Weigher | None = None
+  inputs: tuple = ()     # the `ADVANTAGE_INPUTS` the run's estimate reads
+  finish: tuple = ()     # the `STALENESS` and `RESAMPLING` steps the run turns on
 
   @classmethod
   def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
-    """The preparer of a run: GDPO's reward terms, the old-log-prob strategy, the shaping
-    steps and the correction weights, chosen once from `specs`."""
-    names = gdpo_terms(reward_fn)[0] if specs.advantage.reward_weights else ()
+    """The preparer of a run: the old-log-prob strategy, the shaping steps, the advantage
+    estimate's inputs, the correction weights and the last steps, chosen once from
+    `specs`."""
     source = old_logp_source(specs)
-    return cls(specs=specs, fns=fns, params=params, mesh=mesh, reward_names=names,
-               distiller=distiller, old_logp=source, shaper=Shaper.create(specs.shaping),
-               weigher=Weigher(specs.weights, source.correction(specs.sources)))
+    return cls(specs=specs, fns=fns, params=params, mesh=mesh,
+               reward_names=gdpo_terms(reward_fn)[0], distiller=distiller, old_logp=source,
+               shaper=Shaper.create(specs.shaping),
+               weigher=Weigher.create(specs.weights, source.correction(specs.sources)),
+               inputs=enabled(specs.advantage, ADVANTAGE_INPUTS),
+               finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING))
 
   @property
   def teacher(self):
@@ -91,23 +139,13 @@ class Preparer:
     return upd._replace(old_logp=old_logp, entropy=entropy, ref_logp=ref_logp,
                         old_values=values), routed
 
-  def reward_components(self, upd: UpdateBatch, rollout: RolloutBatch) -> UpdateBatch:
-    """GDPO: a new batch with the [B, K] unweighted reward components in `gdpo_terms` order;
-    the last one is what shaping added to the weighted sum."""
-    if not self.reward_names:
-      return upd
-    cols = [np.asarray(rollout.components[n], np.float32) for n in self.reward_names[:-1]]
-    delta = np.asarray(upd.scores, np.float32) - np.asarray(rollout.scores, np.float32)
-    return upd._replace(reward_components=jnp.asarray(np.stack(cols + [delta], axis=1)))
-
   def advantages(self, state, upd: UpdateBatch, rollout: RolloutBatch, sequences):
     """A new batch with the run's advantages and returns (per-turn returns for a multi-turn
     run with `algo.turn_rewards`), with on-policy distillation's term in the reward or the
     advantage when the run has a teacher."""
+    for step in self.inputs:   # GDPO's reward components, the optimal token baseline's Σπ²
+      upd = step(self, state, upd, rollout, sequences)
     upd = self.teacher.score(upd, sequences)   # the teacher's log-probs (and reward penalty)
-    if self.specs.advantage.estimator == "optimal_token_baseline":   # sampling policy's Σπ²
-      sampled_logp, sum_sq = self.fns.policy_sum_sq(policy_params(state), sequences)
-      upd = upd._replace(sampled_logp=sampled_logp, sum_sq=sum_sq)
     reward = self.teacher.reward(upd)
     adv, returns, _ = compute_advantages(self.specs.advantage, reward, state.kl_coef)
     episodes = self.specs.rollout.episodes
@@ -133,16 +171,13 @@ class Preparer:
     sequences = self.fns.sequences(upd)
     upd, routed = self.policy_outputs(state, upd, sequences)
     upd, moments = self.shaper(upd, batch, moments)
-    upd = self.reward_components(upd, batch)
     upd = self.advantages(state, upd, batch, sequences)
     upd = self.weigher(upd, update_key)
     metrics = self.metrics(state, batch, upd)
     metrics.update(routed)
-    if self.specs.rollout.max_staleness:
-      metrics.update(staleness(upd, iteration - batch.versions, self.specs.rollout.max_staleness))
-    if self.specs.weights.pf_ppo != "none":
-      upd, metrics["train/pf_ppo_unique_frac"] = pf_ppo_filter(self.specs.weights, upd,
-                                                               update_key)
+    for step in self.finish:   # staleness metrics, PF-PPO's resampling
+      upd, step_metrics = step(self, upd, batch, update_key, iteration)
+      metrics.update(step_metrics)
     return upd, metrics, moments
 
   def after_update(self, state, upd: UpdateBatch, token_outputs):

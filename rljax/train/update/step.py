@@ -1,4 +1,5 @@
-"""The jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`.
+"""The jit-compiled update step: `update_step(state, minibatch) -> (state, metrics)`
+(`metrics[objective.TOKEN_OUTPUTS]`: the step's per-token outputs, {} for most runs).
 
 The minibatch is split into micro-batches scanned with `lax.scan`; gradients of the
 globally normalised micro-losses are summed, so the update does not depend on the
@@ -47,21 +48,21 @@ def _apply(tx, grads, opt_state, params, enabled):
 
 def accumulate_gradients(micro, params, minibatch, denom, base, num_micro):
   """Sums `micro`'s gradients, losses and metric sums over `num_micro` micro-batches in a
-  `lax.scan`; returns (grads, loss, metric sums, per-token outputs [num_micro, b, ...] or
-  None)."""
+  `lax.scan`; returns (grads, loss, metric sums, per-token outputs [num_micro, b, ...]:
+  `objective.TOKEN_OUTPUTS`, {} for most runs)."""
   grad_fn = jax.value_and_grad(micro, has_aux=True)
 
   def body(carry, mb):
     grads, loss, sums = carry
     (micro_loss, micro_metrics), micro_grads = grad_fn(params, mb, denom, base)
-    per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS, None)
+    per_token = micro_metrics.pop(objective.TOKEN_OUTPUTS)
     sums = jax.tree.map(jnp.add, sums, micro_metrics)
     return (jax.tree.map(jnp.add, grads, micro_grads), loss + micro_loss, sums), per_token
 
   micro_batches = split_micro(minibatch, num_micro)
   first = jax.tree.map(lambda x: x[0], micro_batches)
   _, metric_shape = jax.eval_shape(lambda: micro(params, first, denom, base))
-  metric_shape.pop(objective.TOKEN_OUTPUTS, None)
+  metric_shape.pop(objective.TOKEN_OUTPUTS)
   init = (jax.tree.map(jnp.zeros_like, params), jnp.zeros(()),
           jax.tree.map(jnp.zeros_like, metric_shape))
   (grads, loss, sums), per_token = jax.lax.scan(body, init, micro_batches)
@@ -116,9 +117,7 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
                      NamedSharding(mesh, PartitionSpec()))
 
   def jitted_step(state: TrainState, base, minibatch, train_actor):
-    denom = objective.denominators(spec, minibatch["mask"])
-    if spec.ptx_coef:   # the minibatch has the ptx demonstrations (`Epochs.minibatch`)
-      denom["ptx_tokens"] = jnp.maximum(jnp.sum(minibatch["ptx"]["mask"]), 1.0)
+    denom = objective.minibatch_denominators(spec, minibatch)
     grads, loss, sums, per_token = accumulate_gradients(
         micro, (state.actor, state.critic), minibatch, denom, base, num_micro)
     new_state, (actor_norm, critic_norm), finite = apply_gradients(
@@ -126,9 +125,9 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
     metrics = {k: v / denom["tokens"] for k, v in sums.items()}
     metrics.update(loss=loss, grad_norm=actor_norm, critic_grad_norm=critic_norm,
                    skipped=(~finite).astype(jnp.float32))
-    if per_token is not None:   # [num_micro, b, T] -> [B, T], the minibatch's row order
-      metrics[objective.TOKEN_OUTPUTS] = jax.tree.map(
-          lambda x: x.reshape((-1,) + x.shape[2:]), per_token)
+    # [num_micro, b, T] -> [B, T], the minibatch's row order
+    metrics[objective.TOKEN_OUTPUTS] = jax.tree.map(
+        lambda x: x.reshape((-1,) + x.shape[2:]), per_token)
     return new_state, metrics
 
   # traced under the mesh, so that model.attention="auto" picks splash on a TPU slice
