@@ -349,6 +349,9 @@ class Worker:
     env = dict(os.environ)
     if omp_wait_policy != "default":
       env["OMP_WAIT_POLICY"] = omp_wait_policy.upper()
+    # XLA's CPU backend only: with the optional libtpu installed (pyproject's `plan` extra),
+    # JAX would first load it looking for a TPU (+95 MB resident in every JAX worker)
+    env.setdefault("JAX_PLATFORMS", "cpu")
     if side == "rljax":   # XLA CPU devices, the rows data-parallel over them
       env["JAX_NUM_CPU_DEVICES"] = str(spec.get("rljax_devices", 1))
     # both sides the same allocator (`import rljax`, first in either worker, applies

@@ -118,30 +118,37 @@ def rljax_sampler_worker(spec: dict) -> None:
   import jax
   from flax import nnx
 
-  from rljax.models import load_hf
-  from rljax.sampling import SamplingParams, generate
+  from rljax.models import abstract_hf, load_hf
+  from rljax.sampling import SamplingParams, compile_count, generate, precompile
   from rljax.sampling.continuous import generate_continuous
 
-  model, cfg = load_hf(spec["model_dir"])
+  abstract, cfg = abstract_hf(spec["model_dir"])
   tokens = prompt_ids(1, cfg.vocab_size, seed=1, prompts=spec["batch"],
                       prompt_len=spec["prompt_len"])[0]
   mask = np.ones_like(tokens)
   sampling = SamplingParams(max_new_tokens=spec["new_tokens"], temperature=1.0)
   b, t = spec["batch"], spec["new_tokens"]
 
-  def static(seed):
+  def static(model, seed):
     return generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(seed))
 
-  def continuous(seed):   # the trainer's default: every row resident (slots = rows)
+  def continuous(model, seed):   # the trainer's default: every row resident (slots = rows)
     return generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(seed),
                                slots=b, share_prefill=True)
 
   variants = {"static": static, "continuous": continuous}
   variants = {k: v for k, v in variants.items() if k in spec.get("variants", variants)}
+  ahead = spec.get("sampler_compile", "ahead") == "ahead"
+  t0 = time.perf_counter()
+  for fn in variants.values() if ahead else ():   # before the weights are resident
+    precompile(fn, abstract, 0)
+  compile_s = time.perf_counter() - t0
+  model, _ = load_hf(spec["model_dir"])
+  compiled = compile_count()
 
   def call(name, seed):
     t0 = time.perf_counter()
-    out = variants[name](seed)
+    out = variants[name](model, seed)
     out.tokens.block_until_ready()
     dt = time.perf_counter() - t0
     assert int(out.mask.sum()) == b * t, "a row stopped early"
@@ -149,7 +156,9 @@ def rljax_sampler_worker(spec: dict) -> None:
 
   config = {**sampler_config(len(os.sched_getaffinity(0)), spec,
                             f"{cfg.dtype} compute, {cfg.param_dtype} params"),
-            "cpus": cpus, "variants": list(variants), "xla_cpu_devices": len(jax.devices())}
+            "cpus": cpus, "variants": list(variants), "xla_cpu_devices": len(jax.devices()),
+            "jax_platforms": os.environ.get("JAX_PLATFORMS", "(unset)"),
+            "sampler_compile": "ahead" if ahead else "first-call"}
   if spec.get("probe"):   # the loaded weights, for a peer to compare (vs_tunix.py)
     config["logits_probe"] = logits_probe(model, tokens)
   emit("CONFIG", config)
@@ -163,8 +172,10 @@ def rljax_sampler_worker(spec: dict) -> None:
     emit("STEP", {name: call(name, 100 + i) for name in order})
     i += 1
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
+  # compiled ahead: the calls compiled nothing (the same program, `rljax.sampling.precompile`)
+  assert not ahead or compile_count() == compiled, "a call compiled again"
   emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1), "first_call_s": first,
-                "param_mb": round(param_bytes / 2 ** 20, 1)})
+                "precompile_s": round(compile_s, 1), "param_mb": round(param_bytes / 2 ** 20, 1)})
 
 
 def logits_probe(model, tokens: np.ndarray, rows: int = 2, vocab: int = 16) -> list:
@@ -235,7 +246,7 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
   """(a) and its part of (d): the rljax samplers and HF generate, calls alternating."""
   spec = {"model_dir": model_dir, "batch": args.batch, "prompt_len": args.prompt_len,
           "new_tokens": args.new_tokens, "threads": args.threads, "warmup": args.warmup,
-          "host_memory": args.host_memory}
+          "host_memory": args.host_memory, "sampler_compile": args.sampler_compile}
   # one process per sampler (HF's is its own too), so that each peak RSS is that sampler's alone
   sides = list(SAMPLERS) + (["hf"] if "hf" in args.peers else [])
   workers = {}
@@ -276,6 +287,7 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
         rljax_weight_gb_per_s=round(done[name]["param_mb"] * 2 ** 20 * args.new_tokens
                                     / rl / 1e9, 2),
         rljax_first_call_s=round(done[name]["first_call_s"][name], 1),
+        rljax_precompile_s=done[name]["precompile_s"], sampler_compile=args.sampler_compile,
         batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
         shape=shape, reps=args.reps, threads=configs["rljax"]["threads"]))
   for name in SAMPLERS:
@@ -344,6 +356,10 @@ def main():
   parser.add_argument("--host-memory", choices=HOST_MEMORY, default="huge-pages",
                       help="every worker's allocator (grpo_vs_trl.py --host-memory); "
                            "keep-freed costs memory at these shapes")
+  parser.add_argument("--sampler-compile", choices=["ahead", "first-call"], default="ahead",
+                      help="rljax's sampler programs: compiled from the abstract model before "
+                           "the weights are loaded (`rljax.sampling.precompile`), or by the "
+                           "first call")
   parser.add_argument("--peers", default="hf,trl", help="comma list of hf, trl ('' for none)")
   parser.add_argument("--threads", type=int, default=0, help="CPUs per side (0: all)")
   parser.add_argument("--omp-wait-policy", default="passive",

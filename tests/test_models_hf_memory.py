@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from rljax.models import Decoder, ModelConfig, load_hf, save_hf
+from rljax.models import Decoder, ModelConfig, abstract_hf, load_hf, save_hf
 from rljax.models.hf import read_tensor, safetensors_header
 
 # 8 layers whose MLP weights dominate: one layer's gate is 1/8 of the stacked gate
@@ -82,3 +82,16 @@ def test_loaded_parameters_are_donated_in_place(checkpoint):
   for leaf in jax.tree.leaves(nnx.state(model)):
     before = leaf.unsafe_buffer_pointer()
     assert step(leaf).unsafe_buffer_pointer() == before
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_abstract_hf_is_load_hf_without_the_parameters(checkpoint, scan_layers):
+  """`abstract_hf`: the loaded model's structure, shapes and dtypes, nothing allocated."""
+  path, _ = checkpoint
+  abstract, cfg = abstract_hf(path, scan_layers=scan_layers)
+  model, loaded_cfg = load_hf(path, scan_layers=scan_layers)
+  assert cfg == loaded_cfg
+  a, m = nnx.state(abstract), nnx.state(model)
+  assert jax.tree.structure(a) == jax.tree.structure(m)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(m), strict=True):
+    assert isinstance(x, jax.ShapeDtypeStruct) and (x.shape, x.dtype) == (y.shape, y.dtype)

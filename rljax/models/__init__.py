@@ -4,6 +4,7 @@ from rljax.models.config import ModelConfig, RopeScaling
 from rljax.models.decoder import Decoder, KVCache, positions_from_mask
 from rljax.models.heads import RewardModel, ScalarHead, ValueModel, last_token_index
 from rljax.models.hf import (
+    abstract_hf,
     config_from_hf,
     config_to_hf,
     load_hf,
@@ -29,7 +30,7 @@ from rljax.models.lora import (
 
 __all__ = [
     "LoRAAdapter", "add_lora", "adapters_off", "has_lora", "load_peft_adapter", "merge_lora",
-    "save_peft_adapter",
+    "save_peft_adapter", "abstract_hf",
     "Decoder", "KVCache", "ModelConfig", "RewardModel", "RopeScaling", "ScalarHead",
     "ValueModel", "config_from_hf", "config_to_hf", "last_token_index", "load_hf",
     "load_hf_reward", "logprobs_and_entropy_from_hidden", "logprobs_from_hidden",

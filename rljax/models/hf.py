@@ -154,6 +154,20 @@ def _fill(model, specs, path, cfg) -> None:
     logging.warning("load_hf(%s): %d unused tensors, e.g. %s", path, len(extra), extra[:5])
 
 
+def abstract_hf(path: str, *, dtype=None, param_dtype=None, attention: str = "auto",
+                scan_layers: bool = True) -> tuple[Decoder, ModelConfig]:
+  """The model `load_hf` with the same arguments returns, abstract (`nnx.eval_shape`: shapes
+  and dtypes, no parameter allocated; config.json only is read): for compiling its
+  programs before the weights are resident (`rljax.sampling.precompile`).
+
+  Returns:
+    (abstract model, model_config).
+  """
+  cfg = read_config(path, dtype=dtype, param_dtype=param_dtype).replace(
+      attention=attention, scan_layers=scan_layers)
+  return nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))), cfg
+
+
 def load_hf(path: str, *, dtype=None, param_dtype=None,
             attention: str = "auto", scan_layers: bool = True) -> tuple[Decoder, ModelConfig]:
   """Loads a local Hugging Face Llama / Qwen2 / Qwen3 causal-LM checkpoint directory.
@@ -172,9 +186,8 @@ def load_hf(path: str, *, dtype=None, param_dtype=None,
   Raises:
     ValueError: unsupported architecture or a tensor missing from the checkpoint.
   """
-  cfg = read_config(path, dtype=dtype, param_dtype=param_dtype).replace(
-      attention=attention, scan_layers=scan_layers)
-  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  model, cfg = abstract_hf(path, dtype=dtype, param_dtype=param_dtype, attention=attention,
+                           scan_layers=scan_layers)
   _fill(model, tensor_specs(cfg), path, cfg)
   release_freed_host_memory()   # the read buffers, freed: -55 MB resident at Qwen2.5-0.5B's
   return model, cfg

@@ -142,7 +142,16 @@ def _layer_views(x) -> list | None:
   """The slices of array `x` along its leading axis as arrays that share its memory, or
   None where they cannot: `x` on CPU devices (each a whole copy of the leading axis), in a
   dtype NumPy can view (bfloat16 cannot). The views hold a reference to `x`'s buffers:
-  while any is alive, a donating step copies `x` instead of writing in place."""
+  while any is alive, a donating step copies `x` instead of writing in place.
+
+  An abstract `x` (a `jax.ShapeDtypeStruct`, e.g. from `nnx.eval_shape`) gets the abstract
+  slices an array of its dtype on the default device would get: a program compiled for
+  them is the one the views of the concrete array run (`rljax.sampling.precompile`)."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    probe = jnp.zeros((1,), x.dtype)   # on the default device, where `x` will be
+    if x.ndim == 0 or x.sharding is not None or _layer_views(probe) is None:
+      return None
+    return [jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=probe.sharding)] * x.shape[0]
   if not isinstance(x, jax.Array) or x.ndim == 0 or not x.is_fully_addressable:
     return None
   shards = x.addressable_shards

@@ -2,11 +2,12 @@
 
 Public entry points: `SamplingParams`, `generate(model, prompt_tokens, prompt_mask, *,
 sampling, rng) -> Rollout`, `generate_rows` (rows already placed, e.g. across
-processes), `compile_count()`; the token filters live in
+processes), `compile_count()`, `precompile(sampler, *args, **kwargs)` (the program of
+calls to come, from an abstract model); the token filters live in
 `rljax.sampling.filters`.
 """
 
-from rljax.sampling.buckets import compile_count
+from rljax.sampling.buckets import compile_count, precompile
 from rljax.sampling.filters import filter_logits, sample_tokens, truncated_log_softmax
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.rollout import Rollout
@@ -19,6 +20,7 @@ __all__ = [
     "filter_logits",
     "generate",
     "generate_rows",
+    "precompile",
     "sample_tokens",
     "truncated_log_softmax",
 ]

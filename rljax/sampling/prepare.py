@@ -47,12 +47,19 @@ def split_for_sampling(model: nnx.Module, sampler_dtype, *, layer_views: bool = 
   if sampler_dtype is None:
     return _per_layer_views(model, graphdef, state) if layer_views else (graphdef, state)
   dtype = jnp.dtype(sampler_dtype)
-  cast = lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-  state = jax.tree.map(cast, state)
+  state = jax.tree.map(functools.partial(_cast_floating, dtype=dtype), state)
   cfg = getattr(model, "cfg", None)
   if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
     graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
   return graphdef, state
+
+
+def _cast_floating(x, dtype):
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    return x
+  if isinstance(x, jax.ShapeDtypeStruct):   # an abstract model (`buckets.precompile`)
+    return jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding)
+  return x.astype(dtype)
 
 
 def _per_layer_views(model, graphdef, state):

@@ -94,18 +94,21 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
   requests = tokens_rw.shape[0]
   m = _Machinery(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
                  scalars_3, spec=spec, share_prefill=share_prefill)
-  if slots >= requests:
+  resident = slots >= requests
+  if resident:
     carry, size = m.resident(), requests // 2
   else:
     carry, size = m.queue(slots), slots
   sizes = [size] if size >= 1 else []
   while sizes and len(sizes) < DRAIN_LEVELS and sizes[-1] > 1:
     sizes.append(sizes[-1] // 2)
+  # resident: nothing waits, so no insert (nor its prefill) in the drain's program
+  body = m.decode if resident else m.body
   for i, size in enumerate(sizes):
-    if i or slots >= requests:
+    if i or resident:
       carry = (_compact(carry[0], size),) + carry[1:]
     carry = jax.lax.while_loop(functools.partial(m.more, size=size, last=size == sizes[-1]),
-                               m.body, carry)
+                               body, carry)
   return carry[3]
 
 
