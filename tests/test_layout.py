@@ -88,9 +88,13 @@ def test_no_private_names_cross_modules():
   assert not crossing, crossing
 
 
+# the one allowed: the console script re-executes itself (huge pages) before JAX is imported
+LAZY_BY_DESIGN = {"rljax.console: rljax.cli"}
+
+
 def test_no_function_level_rljax_imports():
   lazy = [f"{_name(p)}: {m}" for p in _modules() for m, _, nested in _imports(p) if nested]
-  assert not lazy, lazy
+  assert set(lazy) <= LAZY_BY_DESIGN, sorted(set(lazy) - LAZY_BY_DESIGN)
 
 
 def _room(module):
