@@ -171,17 +171,14 @@ def usage_since(before: dict) -> dict:
   return {k: now[k] - before[k] for k in now}
 
 
-def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
-  """Sustained fp32 `jnp.dot` rate on n³ (GFLOP/s): `warm` untimed dots, median of `reps`.
-
-  The first dots after a long step run at ~60 % of the steady rate (threads and caches
-  cold), hence the warm-up.
-  """
+def _median_dot_seconds(a_shape, b_shape, warm: int, reps: int) -> float:
+  """Median seconds of a jitted fp32 `jnp.dot` of random `a_shape` x `b_shape` arrays over
+  `reps` calls, after `warm` untimed ones."""
   import jax
   import jax.numpy as jnp
 
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.key(0), a_shape, jnp.float32)
+  b = jax.random.normal(jax.random.key(1), b_shape, jnp.float32)
   dot = jax.jit(jnp.dot)
   for _ in range(warm):
     dot(a, b).block_until_ready()
@@ -190,7 +187,16 @@ def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
     t0 = time.perf_counter()
     dot(a, b).block_until_ready()
     times.append(time.perf_counter() - t0)
-  return 2 * n ** 3 / statistics.median(times) / 1e9
+  return statistics.median(times)
+
+
+def matmul_roofline(n: int = 1024, warm: int = 10, reps: int = 5) -> float:
+  """Sustained fp32 `jnp.dot` rate on n³ (GFLOP/s): `warm` untimed dots, median of `reps`.
+
+  The first dots after a long step run at ~60 % of the steady rate (threads and caches
+  cold), hence the warm-up.
+  """
+  return 2 * n ** 3 / _median_dot_seconds((n, n), (n, n), warm, reps) / 1e9
 
 
 def weight_stream_gbps(rows: int = 8, k: int = 896, n: int = 151_936, warm: int = 3,
@@ -200,20 +206,7 @@ def weight_stream_gbps(rows: int = 8, k: int = 896, n: int = 151_936, warm: int 
   the weight's bytes over the median time of `reps` calls after `warm`. A decode step at a
   few rows reads every weight once and does little else, so parameter bytes x steps / this
   rate bounds a sampler from below."""
-  import jax
-  import jax.numpy as jnp
-
-  x = jax.random.normal(jax.random.key(0), (rows, k), jnp.float32)
-  w = jax.random.normal(jax.random.key(1), (k, n), jnp.float32)
-  dot = jax.jit(jnp.dot)
-  for _ in range(warm):
-    dot(x, w).block_until_ready()
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    dot(x, w).block_until_ready()
-    times.append(time.perf_counter() - t0)
-  return 4 * k * n / statistics.median(times) / 1e9
+  return 4 * k * n / _median_dot_seconds((rows, k), (k, n), warm, reps) / 1e9
 
 
 # ----------------------------------------------------------------------------- rljax
