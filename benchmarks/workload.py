@@ -12,12 +12,34 @@ comparison uses (CPU pinning, thread counts, peak RSS, CPU seconds, the matmul r
 from __future__ import annotations
 
 import os
+import pathlib
 import statistics
+import sys
 import tempfile
 import time
 from types import SimpleNamespace
 
 import numpy as np
+
+
+def rljax_checkout_warning(rljax_file: str | None = None) -> str:
+  """A warning when `rljax` is imported from another tree than this checkout's ("" when it
+  is this one): with a venv installed (`pip install -e`) from another checkout, the scripts
+  here, which put only `benchmarks/` on the path, would time that checkout's code."""
+  if rljax_file is None:
+    import rljax
+
+    rljax_file = rljax.__file__
+  here = pathlib.Path(__file__).resolve().parents[1]
+  imported = pathlib.Path(rljax_file).resolve().parents[1]
+  if imported == here:
+    return ""
+  return (f"WARNING: rljax is imported from {imported}, not from this checkout ({here}): "
+          f"the benchmark times that code. `pip install -e .` here, or set PYTHONPATH={here}")
+
+
+if _warning := rljax_checkout_warning():
+  print(_warning, file=sys.stderr, flush=True)
 
 PROMPTS, GROUP, PROMPT_LEN, NEW_TOKENS, LR = 8, 8, 32, 96, 1e-5
 

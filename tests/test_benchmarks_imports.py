@@ -72,3 +72,19 @@ def test_benchmark_sibling_imports_resolve(path, monkeypatch):
     if name is not None and not hasattr(mod, name):
       missing.append(f"line {line}: {module}.{name}")
   assert not missing, f"{path.name}: " + "; ".join(missing)
+
+
+def test_benchmarks_warn_when_rljax_comes_from_another_checkout(tmp_path):
+  """The scripts put only benchmarks/ on the path, so `rljax` comes from wherever the venv's
+  editable install points; a benchmark run from one checkout must say when it would time
+  another's code."""
+  sys.path.insert(0, str(BENCH))
+  try:
+    workload = importlib.import_module("workload")
+  finally:
+    sys.path.remove(str(BENCH))
+  assert workload.rljax_checkout_warning() == ""   # the tests import this checkout's rljax
+  other = tmp_path / "other_checkout" / "rljax" / "__init__.py"
+  warning = workload.rljax_checkout_warning(str(other))
+  assert warning.startswith("WARNING") and str(tmp_path / "other_checkout") in warning
+  assert str(BENCH.parent.resolve()) in warning
