@@ -45,11 +45,14 @@ def _cached(model, tokens, positions, cache, start, kv_mask, fused=False):
                               kv_mask=kv_mask, fused=model.fused_weights() if fused else None)
 
 
-@pytest.mark.parametrize("dtype,atol,fused", [("float32", None, False), ("float32", None, True),
-                                              ("bfloat16", 0.05, False)])
-def test_kv_cache_decode_equals_full_forward_left_padded(dtype, atol, fused):
-  """Also with the decode loop's fused q|k|v and gate|up matmuls (`fused_weights`)."""
-  model = _randomize(Decoder(CFG.replace(dtype=dtype, qk_norm=True), rngs=nnx.Rngs(0)), 1)
+@pytest.mark.parametrize("dtype,atol,fused,tied", [
+    ("float32", None, False, False), ("float32", None, True, False),
+    ("float32", None, True, True), ("bfloat16", 0.05, False, False)])
+def test_kv_cache_decode_equals_full_forward_left_padded(dtype, atol, fused, tied):
+  """Also with the decode loop's fused q|k|v and gate|up matmuls (`fused_weights`), and
+  with a tied lm head (the decode step's flipped product, `few_row_logits`)."""
+  cfg = CFG.replace(dtype=dtype, qk_norm=True, tie_embeddings=tied)
+  model = _randomize(Decoder(cfg, rngs=nnx.Rngs(0)), 1)
   b, p, t, s_max = 4, 6, 5, 16
   tokens, positions, mask = _left_padded(np.random.default_rng(0), b, p, t, CFG.vocab_size)
   full = np.asarray(_full(model, tokens, positions, mask))
@@ -220,3 +223,21 @@ def test_cache_in_the_old_untransposed_key_layout_is_refused_by_name():
                                            cache=cache, start=0, kv_mask=jnp.ones((2, 8), jnp.int32))
   assert logits.shape == (2, 3, CFG.vocab_size)
   assert [k.shape for k in new_cache.k] == [k.shape for k in cache.k]
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (8, 1, 64), (4, 16, 64), (65, 64), (5, 13, 64)])
+@pytest.mark.parametrize("tied", [True, False])
+def test_few_row_logits_equal_the_lm_head_in_float64(shape, tied):
+  """The decode step's lm head equals h @ W (NumPy, float64) at any row count; a tied head
+  of <= FEW_ROWS rows is the flipped product (E @ h.T behind an optimization barrier)."""
+  from rljax.models.decoder import FEW_ROWS
+  model = Decoder(CFG.replace(tie_embeddings=tied), rngs=nnx.Rngs(3))
+  hidden = jax.random.normal(jax.random.key(4), shape)
+  logits = nnx.jit(lambda m, h: m.few_row_logits(h))(model, hidden)
+  w = np.asarray(model.embed[...], np.float64).T if tied else np.asarray(model.lm_head[...])
+  want = np.asarray(hidden, np.float64) @ w
+  assert logits.shape == want.shape and logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(logits), want, atol=f32_atol(want, ulps=64), rtol=1e-5)
+  hlo = jax.jit(lambda h: model.few_row_logits(h)).lower(hidden).as_text()
+  rows = int(np.prod(shape[:-1]))
+  assert ("optimization_barrier" in hlo) == (tied and rows <= FEW_ROWS)
