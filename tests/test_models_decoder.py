@@ -211,6 +211,36 @@ def test_swiglu_value_and_gradients_equal_float64_finite_differences(dtype):
     assert np.abs(np.asarray(du, np.float64) - want_du).max() < 0.05 * np.abs(want_du).max()
 
 
+def test_swiglu_down_equals_the_plain_mlp_tail_and_keeps_no_hidden_activation():
+  """`layers.swiglu_down`: value and gradients of (silu(g)·u) W written in NumPy float64
+  (Shazeer 2020, Eq. 6), bitwise those of `dense(swiglu(g, u), w)` in float32, and its
+  backward keeps g, u and W only (the plain form also keeps the [N, F] product)."""
+  from rljax.models.layers import dense, swiglu, swiglu_down
+  rng = np.random.default_rng(1)
+  g64, u64 = rng.normal(size=(2, 2, 3, 8))
+  w64, ct64 = rng.normal(size=(8, 5)), rng.normal(size=(2, 3, 5))
+  sig = 1 / (1 + np.exp(-g64))
+  hidden = g64 * sig * u64
+  d_hidden = ct64 @ w64.T
+  want = (hidden @ w64, d_hidden * u64 * sig * (1 + g64 * (1 - sig)), d_hidden * g64 * sig,
+          hidden.reshape(-1, 8).T @ ct64.reshape(-1, 5))
+  jax.config.update("jax_enable_x64", True)
+  try:
+    out, vjp = jax.vjp(swiglu_down, g64, u64, w64)
+    for got, ref in zip((out, *vjp(ct64)), want):
+      np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+  finally:
+    jax.config.update("jax_enable_x64", False)
+  g, u, w, ct = (jnp.asarray(a, jnp.float32) for a in (g64, u64, w64, ct64))
+  plain = lambda g, u, w: dense(swiglu(g, u), w)  # noqa: E731
+  (out_a, vjp_a), (out_b, vjp_b) = jax.vjp(plain, g, u, w), jax.vjp(swiglu_down, g, u, w)
+  for a, b in zip((out_a, *vjp_a(ct)), (out_b, *vjp_b(ct))):
+    np.testing.assert_array_equal(a, b)
+  kept = lambda vjp_fn: sorted(x.size for x in jax.tree.leaves(vjp_fn))  # noqa: E731
+  assert kept(vjp_b) == sorted([g.size, u.size, w.size])
+  assert kept(vjp_a) == sorted([g.size, u.size, w.size, g.size])
+
+
 def test_cache_in_the_old_untransposed_key_layout_is_refused_by_name():
   model = Decoder(CFG, rngs=nnx.Rngs(0))
   cache = model.init_cache(2, 8)

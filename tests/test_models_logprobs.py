@@ -72,6 +72,36 @@ def test_chunked_equals_naive(chunk_size):
   assert_close_f32(g_chunk, g_naive, ulps=64)   # chunked vs one program: other sums
 
 
+@pytest.mark.parametrize("rows,positions,vocab,chunk_size,want", [
+    (8, 128, 151_936, 128, 32),    # Qwen vocab, 8 rows: 4.9 MB a position, 52 fit -> 32
+    (1, 128, 151_936, 128, 128),   # 0.6 MB a position: the cap
+    (8, 128, 90, 128, 128),        # the toy task's vocabulary: unchanged
+    (8, 20, 90, 128, 20),          # never more than T
+    (4096, 128, 151_936, 128, 1),  # nothing fits: one position
+])
+def test_chunk_positions_keep_a_chunk_within_the_logits_budget(rows, positions, vocab,
+                                                               chunk_size, want):
+  from rljax.models.logprobs import CHUNK_LOGITS_BYTES, chunk_positions
+  got = chunk_positions(rows, positions, vocab, chunk_size)
+  assert got == want
+  assert got == 1 or 4 * rows * got * vocab <= CHUNK_LOGITS_BYTES
+
+
+def test_a_smaller_budget_chunks_with_the_same_log_probs(monkeypatch):
+  """A budget of 3 positions' logits: chunks of 2 of T = 7 (padded), same values."""
+  from rljax.models import logprobs
+  rng = np.random.default_rng(2)
+  b, t, d, v = 2, 7, 8, 33
+  h = jnp.asarray(rng.standard_normal((b, t, d)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((d, v)), jnp.float32)
+  y = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
+  monkeypatch.setattr(logprobs, "CHUNK_LOGITS_BYTES", 3 * 4 * b * v)
+  assert logprobs.chunk_positions(b, t, v, 128) == 2
+  logp = logprobs_from_hidden(h, y, lambda x: x @ w)
+  ref_logp, _ = _naive(h, y, w, 1.0)
+  assert_close_f32(logp, ref_logp, ulps=64, scale=float(jnp.abs(h @ w).max()))
+
+
 def _batch():
   rng = np.random.default_rng(0)
   p, t = 5, 6

@@ -179,8 +179,10 @@ class MLP(nnx.Module):
       u = with_lora(self, "up", x_bsd, dense(x_bsd, self.up[...].astype(dt)))  # [B,S,F]
     else:
       g, u = jnp.split(dense(x_bsd, gate_up), 2, axis=-1)
+    if getattr(self, "down_lora", None) is None:
+      return swiglu_down(g, u, self.down[...].astype(dt))  # [B,S,D]
     hidden = swiglu(g, u)
-    return with_lora(self, "down", hidden, dense(hidden, self.down[...].astype(dt)))  # [B,S,D]
+    return with_lora(self, "down", hidden, dense(hidden, self.down[...].astype(dt)))
 
 
 @jax.custom_vjp
@@ -210,3 +212,27 @@ def _swiglu_bwd(res, d_hidden):
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
+
+
+@jax.custom_vjp
+def swiglu_down(g, u, w_down):
+  """`dense(swiglu(g, u), w_down)`, the MLP's last two steps, with the same values and
+  gradients, whose backward recomputes swiglu(g, u) instead of keeping it: the down
+  projection's weight gradient needs it, so autodiff saves a third [N, F] activation beside
+  g and u (Qwen2.5-0.5B update, 8 x 144 tokens: 513 MB of 6.3 GB of temporaries).
+  """
+  return dense(swiglu(g, u), w_down)
+
+
+def _swiglu_down_fwd(g, u, w_down):
+  return swiglu_down(g, u, w_down), (g, u, w_down)
+
+
+def _swiglu_down_bwd(res, d_out):
+  g, u, w_down = res
+  _, dense_vjp = jax.vjp(dense, swiglu(g, u), w_down)
+  d_hidden, d_w = dense_vjp(d_out)
+  return (*_swiglu_bwd((g, u), d_hidden), d_w)
+
+
+swiglu_down.defvjp(_swiglu_down_fwd, _swiglu_down_bwd)
