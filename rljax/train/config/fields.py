@@ -4,7 +4,7 @@ A concern (`Sampling`, `Clipping`, `Shaping`, ...) lists its fields with their d
 one-line doc (`field(0.2, "doc")`), and states its own checks in `check`. The ConfigDict
 sections (the public override API, `--config.algo.eps_high=0.28`) are generated from the
 concerns (`section`), validation reads each concern back from the config (`read`), and the
-specs the trainer reads are filled from the concerns by name (`rljax.train.config.from_config`).
+specs the trainer reads are filled from the concerns by name (`rljax.train.config.specs`).
 """
 
 from __future__ import annotations
