@@ -19,14 +19,14 @@ from rljax.ops.policy_loss import PolicyLossSpec, policy_loss_spec
 from rljax.train.config import algo
 from rljax.train.config.algo import PolicySourcesSpec, Schedule, Shaping, TokenWeightSpec
 from rljax.train.config.defaults import (
+    EvalSetSpec,
     base_config,
     completion_columns,
     distill_teacher_dir,
     resolved_eval_sets,
 )
 from rljax.train.config.fields import read
-from rljax.train.config.groups import SFT, EvalSetSpec, RunSpec
-from rljax.train.config.task import Sampling, Task
+from rljax.train.config.groups import SFT, RunSpec, Sampling, Task
 
 __all__ = [
     "AdvantageSpec", "DistillSpec", "EpisodeSpec", "EvalSetSpec", "LossSpec",
