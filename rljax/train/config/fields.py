@@ -66,9 +66,6 @@ class Checks:
       sep = "" if text.startswith(":") else " "
       self.problems.append(f"{self.group.where}.{name}={getattr(self.group, name)!r}{sep}{text}")
 
-  def choice(self, name: str, allowed):
-    self.need(getattr(self.group, name) in allowed, name, f"is not one of {list(allowed)}")
-
 
 @dataclasses.dataclass(frozen=True)
 class Group:
@@ -97,12 +94,12 @@ class Group:
         object.__setattr__(self, f.name, value.to_dict())
     checks = Checks(self)
     for f in dataclasses.fields(self):
-      rule = f.metadata.get("rule")
+      rule, value = f.metadata.get("rule"), getattr(self, f.name)
       if isinstance(rule, str):
         text = f"in {rule}" if rule[0] in "[(" else rule.replace("int ", "an int ")
-        checks.need(_holds(getattr(self, f.name), rule), f.name, f"must be {text}")
+        checks.need(_holds(value, rule), f.name, f"must be {text}")
       elif rule is not None:
-        checks.choice(f.name, rule)
+        checks.need(value in rule, f.name, f"is not one of {list(rule)}")
     self.check(checks)
     if checks.problems:
       raise ConfigError("invalid config:\n  - " + "\n  - ".join(checks.problems),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import math
 import pathlib
 
 import jax
@@ -161,36 +162,31 @@ def _check_devices(errors, config, num_devices):
   if 0 < sampler and sampler >= devices:
     errors.append(f"parallel.sampler_devices={sampler} leaves the trainer none of the "
                   f"{devices} devices")
-  else:
-    _check_mesh(errors, config, devices - max(sampler, 0))
+  elif problem := _mesh_problem(config, devices - max(sampler, 0)):
+    errors.append(problem)
 
 
-def _check_mesh(errors, c, num_devices):
+def _mesh_problem(c, num_devices) -> str | None:
+  """What keeps `parallel`'s sizes from tiling `num_devices` and the micro-batch; None if fine."""
   p = c.parallel
   if p.expert > 1:   # the expert axis takes its share first (`rljax.parallel.make_mesh`)
     if num_devices % p.expert:
-      errors.append(f"parallel.expert={p.expert} does not divide the {num_devices} devices")
-      return
+      return f"parallel.expert={p.expert} does not divide the {num_devices} devices"
     num_devices //= p.expert
   sizes = [p.data, p.fsdp, p.tensor]
   if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
-    errors.append(f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
-                  ">= 1, at most one may be -1 (all remaining devices)")
-    return
-  fixed = 1
-  for v in sizes:
-    fixed *= v if v > 0 else 1
+    return (f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
+            ">= 1, at most one may be -1 (all remaining devices)")
+  fixed = math.prod(v for v in sizes if v > 0)
   if num_devices % fixed:
-    errors.append(f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices")
-    return
+    return f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices"
   sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
-  if sizes[0] * sizes[1] * sizes[2] != num_devices:
-    errors.append(f"parallel: data*fsdp*tensor={sizes[0] * sizes[1] * sizes[2]} must equal "
-                  f"the {num_devices} devices")
-    return
+  if math.prod(sizes) != num_devices:
+    return f"parallel: data*fsdp*tensor={math.prod(sizes)} must equal the {num_devices} devices"
   batch_axes = sizes[0] * sizes[1]
   split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
   micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
   if micro % batch_axes:
-    errors.append(f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
-                  f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
+    return (f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
+            f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
+  return None
