@@ -68,7 +68,7 @@ def trainer_modules():
   """The rljax trainer internals this benchmark drives, imported in this one place: the
   config and its specs, the parameter room, the compiled forward passes and update step."""
   from rljax.train.config import base_config, validate
-  from rljax.train.config.from_config import build_specs
+  from rljax.train.config.specs import build_specs
   from rljax.train.params import Params
   from rljax.train.run.task_and_models import optimizer
   from rljax.train.update import objective

@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from rljax.train.config import algo, base_config, groups, task
+from rljax.train.config import algo, base_config, defaults, groups
 from rljax.train.config.fields import Group
 
 ROOT = pathlib.Path(__file__).parent.parent / "rljax"
@@ -62,7 +62,7 @@ def test_every_field_is_read_outside_the_config_room():
 
 
 GROUPS = [groups.RunSpec, groups.Model, groups.SFT, groups.Optim, groups.Parallel, groups.Plan,
-          groups.EvalSetSpec, task.Task, task.Sampling, *algo.CONCERNS]
+          defaults.EvalSetSpec, groups.Task, groups.Sampling, *algo.CONCERNS]
 
 
 @pytest.mark.parametrize("group", GROUPS, ids=lambda g: g.__name__)
@@ -80,7 +80,7 @@ def test_each_field_is_declared_by_one_concern():
 
   seen = {}
   for group in GROUPS:
-    if group is groups.EvalSetSpec:
+    if group is defaults.EvalSetSpec:
       continue
     for f in dataclasses.fields(group):
       key = f"{group.SECTION}.{f.name}"
@@ -94,5 +94,5 @@ def test_a_bad_field_is_named_when_its_concern_is_built():
   with pytest.raises(ValueError, match=r"algo\.eps_low=1\.5 must be in \[0, 1\)"):
     algo.Clipping(eps_low=1.5)
   with pytest.raises(ValueError, match=r"sampling\.top_k=-1 must be >= 0 \(0: off\)"):
-    task.Sampling(top_k=-1)
+    groups.Sampling(top_k=-1)
   assert issubclass(algo.Shaping, Group) and algo.Shaping().reward_clip == 0.0

@@ -11,7 +11,7 @@ import pytest
 from train_micro import micro_config, read_records
 
 from rljax.train.config import ConfigError, apply_overrides, base_config, validate
-from rljax.train.config.from_config import sources_spec
+from rljax.train.config.specs import sources_spec
 from rljax.train.loop import train
 from rljax.train.params import Params, TrainState, init_optimizer_state
 

@@ -114,7 +114,7 @@ def test_sampled_score_is_every_group_before_the_dynamic_sampling_filter():
   import numpy as np
 
   from rljax.train.config import base_config
-  from rljax.train.config.from_config import build_specs
+  from rljax.train.config.specs import build_specs
   from rljax.train.rollout.collect import collect
 
   rounds = [[[1.0, 0.9], [1.0, 0.0]], [[0.0, 0.8], [0.1, 0.2]]]

@@ -10,7 +10,7 @@ from train_micro import built, micro_config, read_records
 from rljax.models import save_hf
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import ConfigError
-from rljax.train.config.from_config import distill_spec
+from rljax.train.config.specs import distill_spec
 from rljax.train.loop import train
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import collect

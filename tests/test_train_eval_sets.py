@@ -62,7 +62,7 @@ def test_set_fields_are_typed_on_the_command_line():
 
 
 def test_the_heldout_entry_sets_the_default_evaluation():
-  from rljax.train.config.from_config import build_specs
+  from rljax.train.config.specs import build_specs
 
   c = base_config()
   c.eval.sets.heldout.k, c.eval.sets.heldout.size = 8, 32

@@ -14,7 +14,7 @@ from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_moe_config
 from rljax.sampling import SamplingParams, generate
 from rljax.train.config import ConfigError
-from rljax.train.config.from_config import loss_spec
+from rljax.train.config.specs import loss_spec
 from rljax.train.update import objective, routing
 from rljax.train.update.forward import routed_forward
 

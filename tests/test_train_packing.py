@@ -11,7 +11,7 @@ from train_micro import micro_config, read_records
 
 from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
-from rljax.train.config.from_config import loss_spec
+from rljax.train.config.specs import loss_spec
 from rljax.train.loop import train
 from rljax.train.update import objective, packing
 

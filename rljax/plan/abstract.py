@@ -26,8 +26,7 @@ from rljax.plan.topology import sub_topology, topology_devices
 from rljax.sampling import buckets
 from rljax.train.config import ConfigError, saved_config
 from rljax.train.config.defaults import distill_teacher_dir
-from rljax.train.config.from_config import build_specs
-from rljax.train.config.specs import Specs
+from rljax.train.config.specs import Specs, build_specs
 from rljax.train.params import Params, Teacher, TrainState
 from rljax.train.params.offload import HOST_MEMORY_KIND
 from rljax.train.params.state import optimizer_shardings

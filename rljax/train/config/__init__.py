@@ -16,8 +16,8 @@ from rljax.train.config.loading import (
     load_config,
     parse_override_value,
     saved_config,
+    validate,
 )
-from rljax.train.config.validation import validate
 
 __all__ = [
     "ConfigDict", "ConfigError", "apply_overrides", "base_config", "completion_columns",

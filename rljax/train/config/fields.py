@@ -4,7 +4,7 @@ A concern (`Sampling`, `Clipping`, `Shaping`, ...) lists its fields with their d
 one-line doc (`field(0.2, "doc")`), and states its own checks in `check`. The ConfigDict
 sections (the public override API, `--config.algo.eps_high=0.28`) are generated from the
 concerns (`section`), validation reads each concern back from the config (`read`), and the
-specs the trainer reads are filled from the concerns by name (`rljax.train.config.from_config`).
+specs the trainer reads are filled from the concerns by name (`rljax.train.config.specs`).
 """
 
 from __future__ import annotations
@@ -66,9 +66,6 @@ class Checks:
       sep = "" if text.startswith(":") else " "
       self.problems.append(f"{self.group.where}.{name}={getattr(self.group, name)!r}{sep}{text}")
 
-  def choice(self, name: str, allowed):
-    self.need(getattr(self.group, name) in allowed, name, f"is not one of {list(allowed)}")
-
 
 @dataclasses.dataclass(frozen=True)
 class Group:
@@ -97,12 +94,12 @@ class Group:
         object.__setattr__(self, f.name, value.to_dict())
     checks = Checks(self)
     for f in dataclasses.fields(self):
-      rule = f.metadata.get("rule")
+      rule, value = f.metadata.get("rule"), getattr(self, f.name)
       if isinstance(rule, str):
         text = f"in {rule}" if rule[0] in "[(" else rule.replace("int ", "an int ")
-        checks.need(_holds(getattr(self, f.name), rule), f.name, f"must be {text}")
+        checks.need(_holds(value, rule), f.name, f"must be {text}")
       elif rule is not None:
-        checks.choice(f.name, rule)
+        checks.need(value in rule, f.name, f"is not one of {list(rule)}")
     self.check(checks)
     if checks.problems:
       raise ConfigError("invalid config:\n  - " + "\n  - ".join(checks.problems),

@@ -1,7 +1,7 @@
 """The rules that span concerns: fields that are valid alone but not together.
 
 Each rule reads the config (and its completion columns, derived once by `validate`) and
-yields `(broken, message)` pairs; `rljax.train.config.validation.validate` collects the
+yields `(broken, message)` pairs; `rljax.train.config.loading.validate` collects the
 messages of the broken ones. A field's own checks live with its concern.
 """
 

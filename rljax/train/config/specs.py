@@ -1,31 +1,44 @@
-"""Small frozen specs, one per concern: what the runtime reads instead of the config.
+"""Small frozen specs, one per concern, and `build_specs`, the one place that makes them.
 
-`rljax.train.config.from_config.build_specs(config)` builds them once from a validated
-config, filling each spec's fields by name from the concerns; everything after it receives
-specs (hashable, so the jitted parts can take them as static arguments). A concern that is
-its own spec (`RunSpec`, `EvalSetSpec`, `TokenWeightSpec`, `PolicySourcesSpec`) is declared
-once, with its config fields; `ShapingSpec` is the `Shaping` concern plus derived values.
+The specs are what the runtime reads instead of the config: hashable, so the jitted parts
+can take them as static arguments. A concern that is its own spec (`RunSpec`, `EvalSetSpec`,
+`TokenWeightSpec`, `PolicySourcesSpec`) is declared once, with its config fields; a spec that
+extends a concern (`ShapingSpec`, `RolloutSpec`, `ScheduleSpec`, `SFTSpec`) adds only the
+values derived from other concerns. `build_specs` fills every spec by one generic function,
+`fill`, and computes the derived values once; nothing is written back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
-from rljax.ops.policy_loss import PolicyLossSpec
-from rljax.train.config.algo import PolicySourcesSpec, Shaping, TokenWeightSpec
-from rljax.train.config.groups import EvalSetSpec, RunSpec
+from rljax.ops.estimators import estimator_kwargs
+from rljax.ops.policy_loss import PolicyLossSpec, policy_loss_spec
+from rljax.train.config import algo
+from rljax.train.config.algo import PolicySourcesSpec, Schedule, Shaping, TokenWeightSpec
+from rljax.train.config.defaults import (
+    EvalSetSpec,
+    base_config,
+    completion_columns,
+    distill_teacher_dir,
+    resolved_eval_sets,
+)
+from rljax.train.config.fields import read
+from rljax.train.config.groups import SFT, RunSpec, Sampling, Task
 
 __all__ = [
     "AdvantageSpec", "DistillSpec", "EpisodeSpec", "EvalSetSpec", "LossSpec",
     "PolicySourcesSpec", "RejectionSFTSpec", "RolloutSpec", "RunSpec", "SFTSpec",
-    "ScheduleSpec", "ShapingSpec", "Specs", "TokenWeightSpec",
+    "ScheduleSpec", "ShapingSpec", "Specs", "TokenWeightSpec", "build_specs", "distill_spec",
+    "loss_spec", "sources_spec",
 ]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ShapingSpec(Shaping):
-  """What is added to the verifier's score before advantages (`rljax.ops.shaping`): the
-  `algo` shaping fields, the group size and the completion columns."""
+  """The `Shaping` concern plus the group size and the completion columns."""
 
   group: int
   max_len: int
@@ -47,32 +60,19 @@ class EpisodeSpec:
   gamma: float
 
 
-@dataclasses.dataclass(frozen=True)
-class RolloutSpec:
-  """Sampling of the training rollouts and of the held-out evaluation."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RolloutSpec(Sampling):
+  """The `Sampling` concern as the run resolves it: `max_new_tokens` is T, the completion
+  columns; `eval_n`, `eval_temperature` and `eval_size` are the held-out set's."""
 
-  prompts_per_iteration: int
-  n: int
-  max_new_tokens: int          # T, the completion columns (a multi-turn episode's budget)
-  temperature: float
-  top_k: int
-  top_p: float
-  min_p: float
-  continuous: bool
-  slots: int
-  share_prefill: bool
-  dynamic_sampling: bool
-  max_rounds: int              # generation rounds per iteration (1 without dynamic sampling)
-  greedy_baseline: bool        # also a greedy rollout per prompt (ReMax's baseline)
-  eval_n: int
-  eval_temperature: float
-  eval_passk_n: int = 0
-  eval_passk_prompts: int = 0
-  max_staleness: int = 0       # batch t is sampled by policy version max(0, t - k)
-  partial_rollouts: bool = False   # requests continue with each newer version (k + 1 segments)
+  dynamic_sampling: bool = False
+  max_rounds: int = 1          # generation rounds per iteration (1 without dynamic sampling)
+  greedy_baseline: bool = False   # also a greedy rollout per prompt (ReMax's baseline)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
-  sampler_dtype: str = ""      # "" (the policy's) | bfloat16 | float32: the sampler's copy
+
+  def check(self, c):
+    """None: the concern's own checks ran on the config's fields, not the resolved ones."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +83,8 @@ class DistillSpec:
   recipe: str                  # experiment trained into `teacher` when it has no checkpoint
   seed: int                    # the run's seed (the recipe's)
   coef: float
-  mode: str                    # advantage | reward
-  only: bool                   # the teacher is the only signal (no task reward)
+  mode: str
+  only: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,16 +97,13 @@ class RejectionSFTSpec:
   steps: int
   lr: float
   min_score: float | None
-  from_teacher: bool = False   # the phases sample from the distillation teacher
+  from_teacher: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class ScheduleSpec:
-  """How a rollout batch is consumed: epochs, minibatches, micro-batches, warm-ups."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleSpec(Schedule):
+  """How a rollout batch is consumed: the `Schedule` concern plus the warm-ups."""
 
-  epochs: int
-  minibatches: int
-  microbatches: int
   critic_warmup_iterations: int
   ptx_coef: float
   rsft: RejectionSFTSpec | None
@@ -157,18 +154,11 @@ class AdvantageSpec:
   sampling_sum_sq: bool = False   # the estimator reads the sampling policy's Σ_v π_v² (OTB)
 
 
-@dataclasses.dataclass(frozen=True)
-class SFTSpec:
-  """The supervised warm start and its cache."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTSpec(SFT):
+  """The `SFT` concern plus its completion length and its cache keys."""
 
-  steps: int
-  batch_size: int
-  lr: float
-  warmup_steps: int
-  end_lr_fraction: float
-  worked_steps: int
   completion_len: int
-  cache_dir: str
   cache_key: str
   # the held-out evaluation of the start, cached beside it (it depends on the start, the
   # evaluation settings, the model's adapters and the mesh, not on the RL fields)
@@ -192,3 +182,114 @@ class Specs:
   eval_sets: tuple[EvalSetSpec, ...] = ()
 
 
+def fill(spec_type, *concerns, prefix: str = "", **derived):
+  """`spec_type` with each field from `derived`, else from the first concern that has it as
+  `name` or `prefix + name`; a field found nowhere keeps its default."""
+  values = {}
+  for f in dataclasses.fields(spec_type):
+    found = [getattr(c, n) for c in concerns for n in (f.name, prefix + f.name) if hasattr(c, n)]
+    if f.name in derived or found:
+      values[f.name] = derived[f.name] if f.name in derived else found[0]
+  return spec_type(**values)
+
+
+def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Specs:
+  """Every spec of a validated config.
+
+  Args:
+    model_description: the built model's config as text (part of the warm start's cache key).
+    pack_groups: packed-forward groups per micro-batch (0: padded; from the mesh).
+  """
+  columns, sets = completion_columns(config), resolved_eval_sets(config)
+  a, n = config.algo, int(config.sampling.n)
+  adv, rsft, sft = read(algo.Advantages, config), read(algo.RejectionSFT, config), read(SFT, config)
+  return Specs(
+      run=read(RunSpec, config), rollout=_rollout_spec(config, columns, sets["heldout"]),
+      shaping=fill(ShapingSpec, read(Shaping, config), group=n, max_len=columns),
+      sources=sources_spec(config), weights=read(TokenWeightSpec, config),
+      schedule=fill(ScheduleSpec, read(Schedule, config), read(algo.Critic, config),
+                    read(algo.LossTerms, config), rsft=fill(
+                        RejectionSFTSpec, rsft, prefix="rsft_") if rsft.rsft_every else None),
+      loss=loss_spec(config, pack_groups, columns=columns),
+      advantage=fill(AdvantageSpec, adv, read(PolicySourcesSpec, config),
+                     estimator=adv.advantage, kwargs=estimator_kwargs(adv.advantage, a),
+                     group_size=n, whiten=adv.whiten_advantages, eps=adv.adv_eps,
+                     kl_in_reward=a.kl_placement == "reward",
+                     sampling_sum_sq=adv.advantage == "optimal_token_baseline"),
+      sft=fill(SFTSpec, sft, completion_len=sft.max_len or columns,
+               cache_key=_sft_cache_key(config, model_description, columns),
+               heldout_key=_heldout_key(config, model_description, columns, sets)),
+      distill=distill_spec(config),
+      eval_sets=tuple(EvalSetSpec(name=k, **f) for k, f in sets.items() if k != "heldout"))
+
+
+def _rollout_spec(config, columns: int, heldout: dict) -> RolloutSpec:
+  t, sampling, schedule = read(Task, config), read(Sampling, config), read(Schedule, config)
+  episodes = None
+  if t.env:
+    e = read(algo.Episodes, config)
+    episodes = fill(EpisodeSpec, t, sampling, e, read(algo.Advantages, config),
+                    timeout=t.env_timeout or None, reward_only=t.env_reward_only,
+                    on_truncated=tuple(sorted(e.on_truncated_episode.items())))
+  return fill(RolloutSpec, sampling, schedule, max_new_tokens=columns,
+              max_rounds=schedule.dynamic_sampling_max_rounds if schedule.dynamic_sampling else 1,
+              greedy_baseline=config.algo.advantage == "remax", eval_n=int(heldout["k"]),
+              eval_temperature=float(heldout["temperature"]), episodes=episodes,
+              eval_size=int(heldout["size"]))
+
+
+def sources_spec(config) -> PolicySourcesSpec:
+  """Where the old policy's and the reference's log-probs come from, as `config` sets it."""
+  return read(PolicySourcesSpec, config)
+
+
+def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> LossSpec:
+  """The objective's spec; its policy loss comes from the registry's one builder
+  (`rljax.ops.policy_loss.policy_loss_spec`), as the trick-impact analysis's does."""
+  a, terms = config.algo, read(algo.LossTerms, config)
+  decoupled = a.off_policy_correction == "decoupled"
+  return fill(LossSpec, read(algo.Clipping, config), terms, read(algo.Critic, config),
+              read(algo.MoE, config), read(PolicySourcesSpec, config),
+              policy=policy_loss_spec(a.policy_loss, a),
+              max_len=completion_columns(config) if columns is None else columns,
+              kl_in_loss=a.kl_placement == "loss", use_critic=a.advantage == "gae",
+              temperature=float(config.sampling.temperature),
+              old_logp_from_update=a.old_logp_source == "update",
+              decoupled_cap=(terms.decoupled_cap or float("inf")) if decoupled else None,
+              pack_groups=int(pack_groups), routing_replay=a.routing_replay == "sampler")
+
+
+def distill_spec(config) -> DistillSpec | None:
+  """On-policy distillation's spec; None without a teacher."""
+  d = read(algo.Distill, config)
+  if not d.distill_teacher:
+    return None
+  return fill(DistillSpec, d, prefix="distill_", teacher=distill_teacher_dir(config),
+              recipe=d.distill_teacher_recipe, seed=int(config.run.seed))
+
+
+def _digest(parts) -> str:
+  return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _sft_cache_key(config, model_description: str, columns: int) -> str:
+  """Hash of everything the warm start depends on (not the RL fields), so every step of an
+  ablation, and every run with the same seed, task and model, shares one warm start."""
+  parts = {"model": model_description, "task": config.task.to_dict(),
+           "sft": config.sft.to_dict(), "seed": config.run.seed, "max_new_tokens": columns}
+  parts["sft"].pop("cache_dir", None)
+  return _digest(parts)
+
+
+def _heldout_key(config, model_description: str, columns: int, sets: dict) -> str:
+  """Hash of everything the evaluation of the start depends on: the warm start, the task,
+  the sampling and evaluation settings (the named sets of `eval.sets` when any differ from
+  the base config), LoRA adapters (an unmerged adapter rounds differently) and the mesh;
+  not the RL fields."""
+  parts = {"start": _sft_cache_key(config, model_description, columns),
+           "sampling": config.sampling.to_dict(), "parallel": config.parallel.to_dict(),
+           "lora": [config.model.lora_rank, config.model.lora_alpha,
+                    list(config.model.lora_targets)], "format": 1}
+  if config.eval.to_dict() != base_config().eval.to_dict():   # named sets join the summary
+    parts["eval"] = sets
+  return _digest(parts)

@@ -18,8 +18,7 @@ from rljax.data.tasks import make_task
 from rljax.envs import load_env_factory
 from rljax.models import ModelConfig
 from rljax.sampling import SamplingParams
-from rljax.train.config.from_config import build_specs
-from rljax.train.config.specs import Specs
+from rljax.train.config.specs import Specs, build_specs
 from rljax.train.params import Params
 from rljax.train.rollout import RolloutContext, make_rollouts
 from rljax.train.rollout.evaluate import EvalSet, eval_context, overlap_warning

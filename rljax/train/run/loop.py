@@ -15,8 +15,7 @@ import numpy as np
 from rljax import parallel, sampling
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import load_config, validate
-from rljax.train.config.from_config import distill_spec
-from rljax.train.config.specs import DistillSpec
+from rljax.train.config.specs import DistillSpec, distill_spec
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout.inflight import prune_inflight
 from rljax.train.rollout.sources import make_source
