@@ -63,21 +63,22 @@ SHAPES["reduced"] = dict(
 # Components of the lever table: (name, test on "caller > function" of the op's innermost
 # rljax frames, on the op's kind)
 COMPONENTS = (
-    ("lm head matmul", lambda f, k: ("_chunk_stats" in f or "logits_from_hidden" in f)
-     and k == "matmul"),
+    ("lm head matmul", lambda f, k: ("_chunk_stats" in f or "logits_from_hidden" in f
+                                     or "few_row_logits" in f) and k == "matmul"),
     ("log-softmax / entropy over V", lambda f, k: "_chunk_stats" in f or "_chunked" in f),
     ("sampling over V (filters, draw)", lambda f, k: "filters.py" in f or "sample" in f
      or "_sampler" in f or "draw" in f),
     ("q/k/v/o projections", lambda f, k: ("qkv" in f or "_project_heads" in f
-                                          or "_split_fused" in f or "attend > dense" in f)
+                                          or "_split_fused" in f or "attend > dense" in f
+                                          or "project_out" in f)
      and k == "matmul"),
     ("attention matmuls", lambda f, k: ("attend" in f or "_one_query" in f) and k == "matmul"),
     ("attention softmax / mask / layout", lambda f, k: "attend" in f or "_one_query" in f
      or "write_cache" in f or "hidden_states" in f or "hidden_cached" in f),
-    ("MLP matmuls", lambda f, k: "MLP" in f and k == "matmul"),
+    ("MLP matmuls", lambda f, k: ("MLP" in f or "swiglu_down" in f) and k == "matmul"),
     ("RoPE", lambda f, k: "rope" in f),
     ("RMSNorm", lambda f, k: "RMSNorm" in f),
-    ("SiLU / gating", lambda f, k: "MLP" in f),
+    ("SiLU / gating", lambda f, k: "MLP" in f or "swiglu" in f),
     ("embedding gather / scatter", lambda f, k: "embed" in f),
     ("optimizer (AdamW, clipping)", lambda f, k: "optax" in f or "_apply" in f),
     ("other matmuls", lambda f, k: k == "matmul"),
