@@ -83,3 +83,32 @@ def test_parameters_donate_in_place_after_sampling():
   for leaf in jax.tree.leaves(nnx.state(model)):
     before = leaf.unsafe_buffer_pointer()
     assert step(leaf).unsafe_buffer_pointer() == before
+
+
+def test_the_call_deletes_the_views_it_made_and_keeps_the_models_arrays(monkeypatch):
+  """Deleted when the call returns, not when Python drops them: a view alive at the next
+  update makes it copy the stacked parameters (at Qwen2.5-0.5B: 1.4 GB, in some iterations
+  only)."""
+  from rljax.sampling import buckets
+  from rljax.sampling.continuous import generate_continuous
+  seen, call = [], buckets.call_releasing
+
+  def recording(fn, graphdef, state, *args, **kwargs):
+    seen.append(state)
+    return call(fn, graphdef, state, *args, **kwargs)
+
+  monkeypatch.setattr(buckets, "call_releasing", recording)
+  model = _model()
+  own = jax.tree.leaves(nnx.state(model))
+  tokens, mask = _prompts()
+  sampling = SamplingParams(max_new_tokens=T)
+  generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(0))
+  generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(0), slots=B)
+  assert len(seen) == 2
+  for state in seen:
+    views = jax.tree.leaves(state)
+    assert len(views) > len(own)   # one per layer of each stacked parameter
+    assert all(v.is_deleted() for v in views if all(v is not x for x in own))
+  assert not any(x.is_deleted() for x in own)
+  out = generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(0))  # still usable
+  assert np.asarray(out.mask).sum() > 0

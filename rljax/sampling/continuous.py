@@ -33,7 +33,12 @@ from rljax.sampling.decode import (
 )
 from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
-from rljax.sampling.prepare import check_prompts, place_rows, split_for_sampling
+from rljax.sampling.prepare import (
+    check_prompts,
+    drop_sampling_copies,
+    place_rows,
+    split_for_sampling,
+)
 from rljax.sampling.rollout import Rollout
 from rljax.sampling.slot_loop import slot_loop
 
@@ -98,10 +103,12 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
     prompt_id = jax.device_put(prompt_id, batch_sharding(mesh))
     streams = jax.device_put(streams, batch_sharding(mesh))
   num = total if num_rows is None else num_rows
-  return buckets.call_releasing(
+  out = buckets.call_releasing(
       _continuous_jit, graphdef, state, tokens_rw, mask_rw, prompt_id, streams,
       jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec, slots=int(slots),
       share_prefill=share_prefill, mesh=mesh)
+  drop_sampling_copies(model, state, out)
+  return out
 
 
 def decode_slots(slots: int, rows: int, shards: int) -> int:

@@ -25,7 +25,12 @@ from rljax.sampling.decode import (
 )
 from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
-from rljax.sampling.prepare import check_prompts, place_rows, split_for_sampling
+from rljax.sampling.prepare import (
+    check_prompts,
+    drop_sampling_copies,
+    place_rows,
+    split_for_sampling,
+)
 from rljax.sampling.rollout import Rollout
 
 
@@ -89,15 +94,16 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   r = buckets.round_up(rows, batch_bucket, multiple_of=batch_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
-  graphdef, state = split_for_sampling(model, sampler_dtype, layer_views=True)
+  graphdef, split = split_for_sampling(model, sampler_dtype, layer_views=True)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, group)
   streams_r2 = default_streams(r, n) if streams is None else jnp.concatenate(
       [jnp.asarray(streams, jnp.int32), default_streams(r, n)[rows:]])
-  tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
+  tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, split)
   if mesh is not None:
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
   out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams_r2, rng,
                                scalars_3, spec=spec, mesh=mesh)
+  drop_sampling_copies(model, split, out)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
@@ -137,7 +143,9 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   if streams is None:
     streams = default_streams(tokens_rw.shape[0], sampling.n)
-  return buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams, rng,
-                                scalars_3, spec=spec, mesh=mesh)
+  out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams, rng,
+                               scalars_3, spec=spec, mesh=mesh)
+  drop_sampling_copies(model, state, out)
+  return out
 
 
