@@ -35,6 +35,9 @@ class RolloutContext:
     mesh: rows are split over its batch axes (None: one device).
     sampler_dtype: "" (the policy's own) or e.g. "bfloat16": every rollout (training and
       evaluation) samples with a copy of the policy cast to it (`sampling.sampler_dtype`).
+    worked_demonstrations: the task's demonstrations have a worked mode
+      (`demonstration(worked=True)`: arithmetic's scratchpad, the calculator's tool call),
+      which the first phase of the SFT warm start shows (`sft.worked_steps`).
   """
 
   task: object
@@ -45,6 +48,7 @@ class RolloutContext:
   chat_template: bool = False
   mesh: object = None
   sampler_dtype: str = ""
+  worked_demonstrations: bool = False
 
   def prompt_ids(self, prompt):
     """Ids of a prompt, left-truncated to the prompt columns (task.long_prompts="truncate")."""

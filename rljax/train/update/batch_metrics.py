@@ -31,7 +31,6 @@ def rollout_metrics(batch: RolloutBatch, scores, adv, mask, loss_mask, kl_coef) 
       "train/response_length_max": float(np.max(batch.lengths)),
       "train/truncated_frac": float(np.mean(parallel.gather(batch.truncated))),
       **length_metrics(batch, loss_mask),
-      **worked_metrics(batch),
       "train/advantage_abs_mean": float(masked_mean(jnp.abs(adv), mask)),
       "train/effective_batch": float(jnp.sum(jnp.any(loss_mask > 0, axis=1) &
                                              jnp.any(adv != 0, axis=1))),
@@ -58,14 +57,24 @@ def length_metrics(batch: RolloutBatch, loss_mask) -> dict:
 
 def worked_metrics(batch: RolloutBatch) -> dict:
   """Accuracy of the completions in the task's worked mode and of the others (the mode RL
-  promotes when it is the more reliable one); {} for a task without a worked mode."""
-  if "worked" not in batch.components:
-    return {}
+  promotes when it is the more reliable one), from the reward's "worked" component."""
   worked = np.asarray(batch.components["worked"]) > 0
   acc = np.asarray(batch.accuracy, np.float64)
   mean_or_nan = lambda x: float(np.mean(x)) if x.size else float("nan")  # noqa: E731
   return {"train/worked_accuracy": mean_or_nan(acc[worked]),
           "train/direct_accuracy": mean_or_nan(acc[~worked])}
+
+
+# The rollout metrics of a reward component, (the component, metrics(batch) -> dict): a
+# run's reward has the component or not, chosen once (`component_metrics`)
+COMPONENT_METRICS = (("worked", worked_metrics),)
+
+
+def component_metrics(reward_fn) -> tuple:
+  """The `COMPONENT_METRICS` of the components `reward_fn` (`rljax.rewards.base.Composite`)
+  has (every batch's `components` are its terms)."""
+  names = {name for name, _, _ in reward_fn.terms}
+  return tuple(metrics for name, metrics in COMPONENT_METRICS if name in names)
 
 
 def old_policy_metrics(upd, *, with_ref: bool) -> dict:

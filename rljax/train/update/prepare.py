@@ -109,6 +109,7 @@ class Preparer:
   weigher: Weigher | None = None
   inputs: tuple = ()     # the `ADVANTAGE_INPUTS` the run's estimate reads
   finish: tuple = ()     # the `STALENESS` and `RESAMPLING` steps the run turns on
+  components: tuple = ()   # the reward components' metrics (`batch_metrics.component_metrics`)
 
   @classmethod
   def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
@@ -121,7 +122,8 @@ class Preparer:
                shaper=Shaper.create(specs.shaping),
                weigher=Weigher.create(specs.weights, source.correction(specs.sources)),
                inputs=enabled(specs.advantage, ADVANTAGE_INPUTS),
-               finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING))
+               finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING),
+               components=batch_metrics.component_metrics(reward_fn))
 
   @property
   def teacher(self):
@@ -196,6 +198,8 @@ class Preparer:
     mask = upd.float_mask()
     metrics = batch_metrics.rollout_metrics(batch, upd.scores, upd.advantages, mask,
                                             upd.mask, state.kl_coef)
+    for component in self.components:   # the task's worked mode
+      metrics.update(component(batch))
     metrics.update(episode_metrics(batch, upd, with_logp_gap=self.old_logp.logp_gap))
     metrics.update(self.old_logp.rollout_metrics(
         upd, with_ref=self.params.has_reference(state)))
