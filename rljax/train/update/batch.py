@@ -25,7 +25,7 @@ class UpdateBatch(NamedTuple):
     sampler_logp: float [B, T], the sampler's log-probs of the tokens.
     truncated: bool [B], rows that hit the token budget.
     prompt_lengths, lengths: host int [B], prompt and completion extents (packing layout).
-    scores: float [B], the verifier's score, then shaped (`scores.Shaper`).
+    scores: float [B], the verifier's score, then shaped (`stages.Shaper`).
     valid: float [B], rows in their group's baseline (multi-turn: `algo.on_truncated_episode`).
     keep_loss: float [B], rows that carry loss.
     routes: a MoE policy's sampled experts [B, P + T, L_moe, k], or None.

@@ -4,8 +4,8 @@ plus the rollout's metrics.
 
 Preparation is a short list of stages, each owning one spec and returning a new batch:
 policy outputs (`PolicySourcesSpec`, through the run's `old_logp` strategy), shaping
-(`ShapingSpec`, `scores.Shaper`), advantages (`AdvantageSpec`), distillation
-(`DistillSpec`, `distill.Distiller`) and weights (`TokenWeightSpec`, `weights.Weigher`).
+(`ShapingSpec`, `stages.Shaper`), advantages (`AdvantageSpec`), distillation
+(`DistillSpec`, `distill.Distiller`) and weights (`TokenWeightSpec`, `stages.Weigher`).
 The optional steps (the estimator's extra inputs, the staleness metrics, PF-PPO) are
 declared once in tables beside the spec field that turns each on, and chosen once
 (`Preparer.create`).
@@ -33,9 +33,7 @@ from rljax.train.update.batch import UpdateBatch, from_rollout
 from rljax.train.update.distill import Distiller, NoTeacher, distill_metrics
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.old_logp import Recompute, old_logp_source
-from rljax.train.update.scores import Shaper
-from rljax.train.update.stages import enabled
-from rljax.train.update.weights import Weigher, pf_ppo_filter
+from rljax.train.update.stages import Shaper, Weigher, enabled, pf_ppo_filter
 
 
 def staleness(upd: UpdateBatch, lags, max_lag: int) -> dict:
