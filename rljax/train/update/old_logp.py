@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from rljax.ops import mismatch
 from rljax.train.config.specs import PolicySourcesSpec, Specs
 from rljax.train.params import policy_params
-from rljax.train.update import batch_metrics, routing
-from rljax.train.update.batch import UpdateBatch
+from rljax.train.update import routing
+from rljax.train.update.batch import UpdateBatch, old_policy_metrics
 
 
 def no_correction(old_logp, sampler_logp, mask):
@@ -77,7 +77,7 @@ class Recompute:
 
   def rollout_metrics(self, upd: UpdateBatch, *, with_ref: bool) -> dict:
     """The old policy's metrics, taken before the update."""
-    return batch_metrics.old_policy_metrics(upd, with_ref=with_ref)
+    return old_policy_metrics(upd, with_ref=with_ref)
 
   def after_update(self, upd: UpdateBatch, token_outputs, *, with_ref: bool):
     """(the batch, metrics) after the update: unchanged, nothing."""
@@ -118,7 +118,7 @@ class FromUpdate(Recompute):
     """A new batch with the update's old log-probs and entropies (rows in batch order),
     and the old policy's metrics."""
     upd = upd._replace(old_logp=token_outputs["old_logp"], entropy=token_outputs["entropy"])
-    return upd, batch_metrics.old_policy_metrics(upd, with_ref=with_ref)
+    return upd, old_policy_metrics(upd, with_ref=with_ref)
 
 
 OLD_LOGP_SOURCES = {"recompute": Recompute, "sampler": Sampler, "update": FromUpdate}

@@ -27,9 +27,13 @@ from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
 from rljax.train.rollout.batch import RolloutBatch
 from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
-from rljax.train.update import batch_metrics
 from rljax.train.update.advantages import compute_advantages, gdpo_terms
-from rljax.train.update.batch import UpdateBatch, from_rollout
+from rljax.train.update.batch import (
+    UpdateBatch,
+    component_metrics,
+    from_rollout,
+    rollout_metrics,
+)
 from rljax.train.update.distill import Distiller, NoTeacher, distill_metrics
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.old_logp import Recompute, old_logp_source
@@ -107,7 +111,7 @@ class Preparer:
   weigher: Weigher | None = None
   inputs: tuple = ()     # the `ADVANTAGE_INPUTS` the run's estimate reads
   finish: tuple = ()     # the `STALENESS` and `RESAMPLING` steps the run turns on
-  components: tuple = ()   # the reward components' metrics (`batch_metrics.component_metrics`)
+  components: tuple = ()   # the reward components' metrics (`component_metrics`)
 
   @classmethod
   def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
@@ -121,7 +125,7 @@ class Preparer:
                weigher=Weigher.create(specs.weights, source.correction(specs.sources)),
                inputs=enabled(specs.advantage, ADVANTAGE_INPUTS),
                finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING),
-               components=batch_metrics.component_metrics(reward_fn))
+               components=component_metrics(reward_fn))
 
   @property
   def teacher(self):
@@ -191,10 +195,10 @@ class Preparer:
     return () if episodes is None else episodes.on_truncated
 
   def metrics(self, state, batch: RolloutBatch, upd: UpdateBatch) -> dict:
-    """The rollout's metrics (`batch_metrics`), the episodes' (multi-turn), the old policy's,
+    """The rollout's metrics (`batch.rollout_metrics`), the episodes' (multi-turn), the old policy's,
     on-policy distillation's and the critic's explained variance."""
     mask = upd.float_mask()
-    metrics = batch_metrics.rollout_metrics(batch, upd.scores, upd.advantages, mask,
+    metrics = rollout_metrics(batch, upd.scores, upd.advantages, mask,
                                             upd.mask, state.kl_coef)
     for component in self.components:   # the task's worked mode
       metrics.update(component(batch))
