@@ -11,9 +11,8 @@ import pytest
 
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.train.config.specs import PolicySourcesSpec, ShapingSpec, TokenWeightSpec
-from rljax.train.update.advantages import ESTIMATES, TOKEN_ESTIMATORS, _token_level
+from rljax.train.update.advantages import ESTIMATES, TOKEN_ESTIMATORS, Distiller, _token_level
 from rljax.train.update.batch import UpdateBatch
-from rljax.train.update.distill import Distiller
 from rljax.train.update.old_logp import FromUpdate, Recompute, Sampler, correction, no_correction
 from rljax.train.update.stages import Shaper, Weigher, enabled
 

@@ -5,7 +5,7 @@ plus the rollout's metrics.
 Preparation is a short list of stages, each owning one spec and returning a new batch:
 policy outputs (`PolicySourcesSpec`, through the run's `old_logp` strategy), shaping
 (`ShapingSpec`, `stages.Shaper`), advantages (`AdvantageSpec`), distillation
-(`DistillSpec`, `distill.Distiller`) and weights (`TokenWeightSpec`, `stages.Weigher`).
+(`DistillSpec`, `advantages.Distiller`) and weights (`TokenWeightSpec`, `stages.Weigher`).
 The optional steps (the estimator's extra inputs, the staleness metrics, PF-PPO) are
 declared once in tables beside the spec field that turns each on, and chosen once
 (`Preparer.create`).
@@ -27,14 +27,19 @@ from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
 from rljax.train.rollout.batch import RolloutBatch
 from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
-from rljax.train.update.advantages import compute_advantages, gdpo_terms
-from rljax.train.update.batch import (
-    UpdateBatch,
-    component_metrics,
-    from_rollout,
-    rollout_metrics,
+from rljax.train.update.advantages import (
+  Distiller,
+  NoTeacher,
+  compute_advantages,
+  distill_metrics,
+  gdpo_terms,
 )
-from rljax.train.update.distill import Distiller, NoTeacher, distill_metrics
+from rljax.train.update.batch import (
+  UpdateBatch,
+  component_metrics,
+  from_rollout,
+  rollout_metrics,
+)
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.old_logp import Recompute, old_logp_source
 from rljax.train.update.stages import Shaper, Weigher, enabled, pf_ppo_filter
