@@ -4,15 +4,24 @@ values, Σπ² (the optimal token baseline), in micro-batches like the update st
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from rljax import parallel
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import LossSpec
 from rljax.train.update import objective, packing, routing
-from rljax.train.update.step import split_micro
 
 SEQUENCE_KEYS = ("prompt_tokens", "prompt_mask", "tokens", "mask")
+
+
+def split_micro(tree, num_micro):
+  """[B, ...] leaves -> [num_micro, B/num_micro, ...]; scalars are broadcast."""
+  def split(x):
+    if jnp.ndim(x) == 0:
+      return jnp.broadcast_to(x, (num_micro,))
+    return x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
+  return jax.tree.map(split, tree)
 
 
 def in_micro_batches(fn, num_micro: int):
