@@ -40,8 +40,7 @@ from rljax.train.update.batch import (
   from_rollout,
   rollout_metrics,
 )
-from rljax.train.update.forward import ForwardFns
-from rljax.train.update.old_logp import Recompute, old_logp_source
+from rljax.train.update.forward import ForwardFns, Recompute, old_logp_source
 from rljax.train.update.stages import Shaper, Weigher, enabled, pf_ppo_filter
 
 
@@ -191,7 +190,7 @@ class Preparer:
 
   def after_update(self, state, upd: UpdateBatch, token_outputs):
     """(the batch with the old log-probs the update step returned, when they come from it
-    (`old_logp.FromUpdate`), and the old policy's metrics taken after the update)."""
+    (`forward.FromUpdate`), and the old policy's metrics taken after the update)."""
     return self.old_logp.after_update(upd, token_outputs,
                                       with_ref=self.params.has_reference(state))
 

@@ -130,7 +130,7 @@ class Weigher:
   """Fills in the loss mask, the token and correction weights and the rows' keys."""
 
   spec: TokenWeightSpec
-  correction: object    # weights(old_logp, sampler_logp, mask) (`old_logp.correction`)
+  correction: object    # weights(old_logp, sampler_logp, mask) (`forward.correction`)
   filters: tuple = ()   # the `FILTERS` the run turns on (`create`)
 
   @classmethod

@@ -203,7 +203,7 @@ class Epochs:
   def run(self, state, upd: UpdateBatch, update_key, *, train_actor: bool, iteration: int):
     """Returns (state, mean metrics over the steps as `update/<name>`, the per-token outputs
     of the last update step in `upd`'s row order). The step's per-token outputs are {}, or
-    the old log-probs taken from its own forward pass (`old_logp.FromUpdate`: one
+    the old log-probs taken from its own forward pass (`forward.FromUpdate`: one
     minibatch); `upd` is not changed."""
     s = self.schedule
     b = upd.mask.shape[0]
