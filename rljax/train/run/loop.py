@@ -18,8 +18,7 @@ from rljax.train.config import load_config, validate
 from rljax.train.config.from_config import distill_spec
 from rljax.train.config.specs import DistillSpec
 from rljax.train.params.checkpoint import Checkpointer
-from rljax.train.rollout.inflight import prune_inflight
-from rljax.train.rollout.sources import make_source
+from rljax.train.rollout import make_source
 from rljax.train.run import metrics as run_metrics
 from rljax.train.run import provenance
 from rljax.train.run.build import build
@@ -199,7 +198,7 @@ def _loop(session: _Session, state, moments, start, before, stop_after):
       if int(state.nonfinite_in_row) == 0 and (last or interrupted or periodic):
         session.source.checkpoint(session.dir, it + 1)   # (first: the sampler state is final)
         session.setup.params.save(session.ckpt, it + 1, state, session.host_state(before, moments))
-        prune_inflight(session.dir, session.ckpt.steps() + [it + 1])
+        session.source.prune(session.dir, session.ckpt.steps() + [it + 1])
       session.source.publish(it + 1)
       if last:
         save_analysis_batch(session.trainer.fns, state, upd, session.dir / "analysis_batch.npz")
