@@ -25,8 +25,7 @@ from rljax.ops.value import explained_variance
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
-from rljax.train.rollout.batch import RolloutBatch
-from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
+from rljax.train.rollout.batch import RolloutBatch, episode_metrics, turn_reward_advantages
 from rljax.train.update.advantages import (
   Distiller,
   NoTeacher,
