@@ -19,7 +19,7 @@ from tqdm import tqdm
 from rljax.models.stack import restore_in_layout
 from rljax.train.config.specs import SFTSpec
 from rljax.train.params.state import clipped_adamw
-from rljax.train.rollout.demonstrations import demonstration_batch
+from rljax.train.rollout.context import demonstration_batch
 from rljax.train.update import objective
 
 

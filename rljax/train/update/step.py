@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from rljax import parallel
 from rljax.train.config.specs import LossSpec, ScheduleSpec
 from rljax.train.params.state import TrainState
-from rljax.train.rollout.demonstrations import demonstration_batch
+from rljax.train.rollout.context import demonstration_batch
 from rljax.train.update import objective
 from rljax.train.update.batch import UpdateBatch
 from rljax.train.update.forward import ForwardFns, split_micro
