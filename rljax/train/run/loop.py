@@ -20,7 +20,6 @@ from rljax.train.config.specs import DistillSpec
 from rljax.train.params.checkpoint import Checkpointer
 from rljax.train.rollout import make_source
 from rljax.train.run import metrics as run_metrics
-from rljax.train.run import provenance
 from rljax.train.run.build import build
 from rljax.train.run.heldout import evaluate_heldout, evaluate_start, save_per_prompt
 from rljax.train.run.iteration import make_trainer, rl_iteration, save_analysis_batch, warm_start_fn
@@ -47,7 +46,7 @@ class _Session:
     self.dir.mkdir(parents=True, exist_ok=True)
     if self.primary:
       (self.dir / "config.json").write_text(setup.config_json)
-      provenance.write(self.dir)
+      run_metrics.write_provenance(self.dir)
     self.ckpt = Checkpointer(self.dir, keep=spec.keep_checkpoints)
     self.writer = run_metrics.MetricWriter(self.dir, tensorboard=spec.tensorboard,
                                            enabled=self.primary)
