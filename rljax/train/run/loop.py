@@ -17,7 +17,7 @@ from rljax.ops.shaping import RunningMoments
 from rljax.train.config import load_config, validate
 from rljax.train.config.from_config import distill_spec
 from rljax.train.config.specs import DistillSpec
-from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.params import Checkpointer
 from rljax.train.rollout import make_source
 from rljax.train.run import metrics as run_metrics
 from rljax.train.run.build import build
