@@ -23,7 +23,7 @@ from train_micro import MICRO, micro_config, read_records
 
 from rljax.data import tasks
 from rljax.train.loop import train
-from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.params import Checkpointer
 from rljax.train.run.build import build
 
 REPO = pathlib.Path(__file__).parent.parent

@@ -115,7 +115,7 @@ def test_sampled_score_is_every_group_before_the_dynamic_sampling_filter():
 
   from rljax.train.config import base_config
   from rljax.train.config.specs import build_specs
-  from rljax.train.rollout.collect import collect
+  from rljax.train.rollout.train_batches import collect
 
   rounds = [[[1.0, 0.9], [1.0, 0.0]], [[0.0, 0.8], [0.1, 0.2]]]
   spec = dataclasses.replace(build_specs(base_config(), model_description="").rollout,

@@ -12,7 +12,7 @@ from rljax.ops.shaping import RunningMoments
 from rljax.train.config import ConfigError
 from rljax.train.config.specs import distill_spec
 from rljax.train.loop import train
-from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.params import Checkpointer
 from rljax.train.rollout import collect
 from rljax.train.rollout.train_batches import sample_now
 from rljax.train.run.build import build

@@ -38,7 +38,7 @@ def test_optimizer_state_holds_only_adapters_and_the_base_is_frozen(tmp_path):
 
 
 def test_update_step_neither_returns_nor_copies_the_base(tmp_path):
-  from rljax.train.update.epochs import UPDATE_KEYS
+  from rljax.train.update.step import UPDATE_KEYS
 
   setup, state = _state(tmp_path)
   b, p, t = 8, 16, 24

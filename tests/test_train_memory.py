@@ -18,9 +18,9 @@ from rljax.train.config import ConfigError
 from rljax.train.loop import train
 from rljax.train.params import offload
 from rljax.train.run.build import build
-from rljax.train.update.epochs import Epochs
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
 from rljax.train.update.prepare import Preparer
+from rljax.train.update.step import Epochs
 
 REPO = pathlib.Path(__file__).parent.parent
 MEMORY_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"

@@ -20,10 +20,9 @@ from rljax.ops.turns import turn_advantages
 from rljax.sampling.multiturn import TurnSpec
 from rljax.train.config.specs import EpisodeSpec
 from rljax.train.loop import train
-from rljax.train.rollout.batch import EpisodeRecords
+from rljax.train.rollout.batch import EpisodeRecords, turn_inputs
 from rljax.train.rollout.environments import Episode, episode_metrics
 from rljax.train.rollout.episodic import run_episodes
-from rljax.train.rollout.turns import turn_inputs
 from rljax.train.run.build import build
 from rljax.train.update import objective
 

@@ -11,13 +11,16 @@ import pytest
 
 from rljax.ops.estimators import ADVANTAGE_ESTIMATORS
 from rljax.train.config.specs import PolicySourcesSpec, ShapingSpec, TokenWeightSpec
-from rljax.train.update.advantages import ESTIMATES, TOKEN_ESTIMATORS, _token_level
+from rljax.train.update.advantages import ESTIMATES, TOKEN_ESTIMATORS, Distiller, _token_level
 from rljax.train.update.batch import UpdateBatch
-from rljax.train.update.distill import Distiller
-from rljax.train.update.old_logp import FromUpdate, Recompute, Sampler, correction, no_correction
-from rljax.train.update.scores import Shaper
-from rljax.train.update.stages import enabled
-from rljax.train.update.weights import Weigher
+from rljax.train.update.forward import (
+    FromUpdate,
+    Recompute,
+    Sampler,
+    correction,
+    no_correction,
+)
+from rljax.train.update.stages import Shaper, Weigher, enabled
 
 SHAPING = ShapingSpec(group=2, max_len=4, missing_eos_penalty=0.0, repetition_penalty=0.0,
                       repetition_ngram=3, soft_overlong=False, overlong_cache_len=0,

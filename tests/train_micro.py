@@ -43,7 +43,7 @@ def built(config):
 
 def restored_state(run_dir, config):
   """The latest checkpoint of `run_dir` restored into the structure of `config`'s state."""
-  from rljax.train.params.checkpoint import Checkpointer
+  from rljax.train.params import Checkpointer
   from rljax.train.run.build import build
 
   run = build(config)

@@ -24,13 +24,12 @@ from rljax.plan.abstract import AbstractRun, per_chip_bytes
 from rljax.plan.estimate import forward_flops_per_token, training_flops_per_token
 from rljax.plan.sampler import SamplerPrograms
 from rljax.train.params import policy_params
-from rljax.train.update.epochs import step_fields
 from rljax.train.update.forward import SEQUENCE_KEYS, ForwardFns
 from rljax.train.update.packing import rows_per_pack
-from rljax.train.update.step import build_update_step
+from rljax.train.update.step import build_update_step, step_fields
 
 # dtype and width ("P": prompt columns, "T": completion columns, int: fixed) of every entry
-# of the update step's minibatch (`rljax.train.update.epochs.step_fields`) and of the
+# of the update step's minibatch (`rljax.train.update.step.step_fields`) and of the
 # forwards' sequences (`SEQUENCE_KEYS`)
 ENTRIES = {"prompt_tokens": (jnp.int32, "P"), "prompt_mask": (jnp.int32, "P"),
            "tokens": (jnp.int32, "T"), "mask": (jnp.int32, "T"), "rng": (jnp.uint32, 2),

@@ -23,16 +23,16 @@ from rljax.train.ablate import report as report_lib
 from rljax.train.ablate.compile_cache import CompileCounter, enable_persistent_cache
 from rljax.train.ablate.finished import finished_runs
 from rljax.train.ablate.outcomes import (
-    expected_outcomes,
-    prompt_ids,
-    run_outcomes,
-    start_diagnostics,
+  expected_outcomes,
+  prompt_ids,
+  run_outcomes,
+  start_diagnostics,
 )
 from rljax.train.ablate.table import summarize
 from rljax.train.config import import_experiment, parse_override_value
 from rljax.train.config.loading import module_config
-from rljax.train.run import provenance
 from rljax.train.run.loop import train_validated
+from rljax.train.run.metrics import provenance, read_provenance
 
 # Evaluation with power, unless the experiment file (`ABLATION_DEFAULTS`) or `--set` says
 # otherwise: 512 held-out prompts, avg@8 as the primary outcome, pass@64 on 128 of them.
@@ -152,8 +152,8 @@ def runs_provenance(run_dirs) -> dict:
   """{"commit", "jax", "cpu"} of the runs (their `provenance.json`; values that differ
   between runs joined by " | "; this process's where no run has one), and "report_commit",
   the code that built the report."""
-  found = [p for p in map(provenance.read, run_dirs) if p]
-  here = provenance.provenance()
+  found = [p for p in map(read_provenance, run_dirs) if p]
+  here = provenance()
   out = {key: " | ".join(sorted({p.get(key, "unknown") for p in found})) if found
          else here[key] for key in ("commit", "jax", "cpu")}
   return {**out, "report_commit": here["commit"]}

@@ -13,6 +13,7 @@ beside the step checkpoints (`save` / `restore`). On-policy distillation's froze
 
 from rljax.train.params.model_params import Params
 from rljax.train.params.state import (
+    Checkpointer,
     TrainState,
     clipped_adamw,
     init_optimizer_state,
@@ -22,5 +23,5 @@ from rljax.train.params.state import (
 )
 from rljax.train.params.teacher import Teacher
 
-__all__ = ["Params", "Teacher", "TrainState", "clipped_adamw", "init_optimizer_state", "make_optimizer",
-           "place_state", "policy_params"]
+__all__ = ["Checkpointer", "Params", "Teacher", "TrainState", "clipped_adamw",
+           "init_optimizer_state", "make_optimizer", "place_state", "policy_params"]

@@ -1,4 +1,6 @@
-"""Batches in flight at a checkpoint: the batches an asynchronous run sampled ahead of the
+"""The batch source of an asynchronous run (`AsyncSource`: the sampler thread of
+`rljax.train.rollout.async_rollouts`, up to k = `sampling.max_staleness` versions ahead) and
+its batches in flight at a checkpoint: the batches it sampled ahead of the
 trainer are written beside the step checkpoint, so a resumed run consumes exactly the
 batches the uninterrupted one would have (they came from policy versions the checkpoint
 no longer holds). With partial rollouts the batch being sampled is written too (its
@@ -15,11 +17,11 @@ import numpy as np
 from flax import nnx
 
 from rljax import parallel
-from rljax.train.rollout.async_rollouts import InFlight
+from rljax.train.rollout.async_rollouts import AsyncRollouts, InFlight
 from rljax.train.rollout.batch import ROW_FIELDS, SEQUENCE_FIELDS, RolloutBatch
 from rljax.train.rollout.context import row_layout
 from rljax.train.rollout.partial import PartialRows
-from rljax.train.rollout.train_batches import Sampled
+from rljax.train.rollout.train_batches import Sampled, TrainBatches
 
 
 def _path(run_dir, step) -> pathlib.Path:
@@ -113,3 +115,38 @@ def prune_inflight(run_dir, keep_steps) -> None:
   for f in folder.glob("*.npz"):
     if f.stem.isdigit() and int(f.stem) not in set(keep_steps):
       f.unlink()
+
+
+class AsyncSource:
+  """Batch t from the sampler thread, sampled by policy version max(0, t − k); the
+  trainer's state is handed over to it after each update (and after a checkpoint). It
+  answers the calls of `rljax.train.rollout.train_batches.SyncSource`."""
+
+  def __init__(self, batches: TrainBatches, sampler_model, state, run_dir, step):
+    model, self.sync = sampler_model(state, keep=True)
+    restored = load_inflight(batches.rollouts, run_dir, step, model) if step else None
+    self.worker = AsyncRollouts(batches, state, model, restored=restored)
+    self.sampler_model, self.model = sampler_model, None
+
+  def take(self, state, it) -> Sampled:
+    sampled = self.worker.take(it)
+    sampled.stats.update(self.sync)
+    return sampled
+
+  def updated(self, state) -> None:
+    """Moves the new policy to the sampler's devices (published after the checkpoint)."""
+    self.model, self.sync = self.sampler_model(state, keep=True)
+
+  def publish(self, version: int) -> None:
+    self.worker.publish(version, self.model)
+
+  def checkpoint(self, run_dir, step: int) -> None:
+    """Writes the batches sampled ahead of `step` beside its checkpoint."""
+    save_inflight(run_dir, step, self.worker.in_flight(step))
+
+  def prune(self, run_dir, keep_steps) -> None:
+    """Deletes the in-flight files of checkpoints that no longer exist (`prune_inflight`)."""
+    prune_inflight(run_dir, keep_steps)
+
+  def close(self) -> None:
+    self.worker.close()

@@ -14,7 +14,7 @@ from flax import nnx
 
 from rljax import parallel
 from rljax.data.samplers import make_sampler
-from rljax.data.tasks import make_task
+from rljax.data.tasks import WORKED_OPTIONS, make_task
 from rljax.envs import load_env_factory
 from rljax.models import ModelConfig
 from rljax.sampling import SamplingParams
@@ -155,7 +155,10 @@ def _rollouts(config, task, tokenizer, prompt_len, mesh, specs: Specs):
   ctx = RolloutContext(task=task, tokenizer=tokenizer, prompt_len=prompt_len,
                        sampling=sampling, reward_fn=reward_fn,
                        chat_template=bool(config.task.chat_template), mesh=mesh,
-                       sampler_dtype=s.sampler_dtype)
+                       sampler_dtype=s.sampler_dtype,
+                       # synthetic tasks with a worked mode (arithmetic, calculator)
+                       worked_demonstrations=bool(set(WORKED_OPTIONS)
+                                                  & set(getattr(task, "options", {}))))
   factory = load_env_factory(config.task.env) if config.task.env else None
   return make_rollouts(ctx, s, env_factory=factory)
 

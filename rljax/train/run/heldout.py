@@ -14,7 +14,7 @@ import numpy as np
 
 from rljax import parallel
 from rljax.train.config import saved_config
-from rljax.train.params.checkpoint import Checkpointer
+from rljax.train.params import Checkpointer
 from rljax.train.rollout.evaluate import evaluate, evaluate_per_prompt, evaluate_sets
 from rljax.train.run.build import Setup, build
 

@@ -16,12 +16,11 @@ from rljax.parallel import batch_sharding
 from rljax.train.params import policy_params
 from rljax.train.rollout.train_batches import Sampled, iteration_keys
 from rljax.train.run.build import Setup
-from rljax.train.update.distill import Distiller
-from rljax.train.update.epochs import Epochs, step_fields
+from rljax.train.update.advantages import Distiller
 from rljax.train.update.forward import ForwardFns
 from rljax.train.update.prepare import Preparer
 from rljax.train.update.sft import warm_start
-from rljax.train.update.step import build_update_step
+from rljax.train.update.step import Epochs, build_update_step, step_fields
 
 
 @dataclasses.dataclass

@@ -16,11 +16,9 @@ from rljax import parallel, sampling
 from rljax.ops.shaping import RunningMoments
 from rljax.train.config import load_config, validate
 from rljax.train.config.specs import DistillSpec, distill_spec
-from rljax.train.params.checkpoint import Checkpointer
-from rljax.train.rollout.inflight import prune_inflight
-from rljax.train.rollout.sources import make_source
+from rljax.train.params import Checkpointer
+from rljax.train.rollout import make_source
 from rljax.train.run import metrics as run_metrics
-from rljax.train.run import provenance
 from rljax.train.run.build import build
 from rljax.train.run.heldout import evaluate_heldout, evaluate_start, save_per_prompt
 from rljax.train.run.iteration import make_trainer, rl_iteration, save_analysis_batch, warm_start_fn
@@ -47,7 +45,7 @@ class _Session:
     self.dir.mkdir(parents=True, exist_ok=True)
     if self.primary:
       (self.dir / "config.json").write_text(setup.config_json)
-      provenance.write(self.dir)
+      run_metrics.write_provenance(self.dir)
     self.ckpt = Checkpointer(self.dir, keep=spec.keep_checkpoints)
     self.writer = run_metrics.MetricWriter(self.dir, tensorboard=spec.tensorboard,
                                            enabled=self.primary)
@@ -198,7 +196,7 @@ def _loop(session: _Session, state, moments, start, before, stop_after):
       if int(state.nonfinite_in_row) == 0 and (last or interrupted or periodic):
         session.source.checkpoint(session.dir, it + 1)   # (first: the sampler state is final)
         session.setup.params.save(session.ckpt, it + 1, state, session.host_state(before, moments))
-        prune_inflight(session.dir, session.ckpt.steps() + [it + 1])
+        session.source.prune(session.dir, session.ckpt.steps() + [it + 1])
       session.source.publish(it + 1)
       if last:
         save_analysis_batch(session.trainer.fns, state, upd, session.dir / "analysis_batch.npz")

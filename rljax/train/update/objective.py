@@ -52,11 +52,11 @@ def policy_forward(model, batch, *, temperature, pack_groups: int = 0, replay: b
   the sampler's experts (`rljax.train.update.routing`; padded layout).
   """
   tokens, positions, attention = full_sequence(batch)
-  replay_ids = routing.replay_ids(batch, replay)
-  if replay_ids is not None:
+  if replay:   # a MoE policy's rollout: the sampler's experts (a dense run never gets here)
     return routing.routed_logprobs(model, tokens, positions, attention,
                                    prompt_len=batch["prompt_tokens"].shape[1],
-                                   temperature=temperature, replay_ids=replay_ids)[:2]
+                                   temperature=temperature,
+                                   replay_ids=routing.replay_ids(batch, replay))[:2]
   if not pack_groups:   # no layout: the padded computation
     return token_logprobs_and_entropy(
         model, tokens, positions, attention,

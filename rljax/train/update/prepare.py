@@ -4,8 +4,8 @@ plus the rollout's metrics.
 
 Preparation is a short list of stages, each owning one spec and returning a new batch:
 policy outputs (`PolicySourcesSpec`, through the run's `old_logp` strategy), shaping
-(`ShapingSpec`, `scores.Shaper`), advantages (`AdvantageSpec`), distillation
-(`DistillSpec`, `distill.Distiller`) and weights (`TokenWeightSpec`, `weights.Weigher`).
+(`ShapingSpec`, `stages.Shaper`), advantages (`AdvantageSpec`), distillation
+(`DistillSpec`, `advantages.Distiller`) and weights (`TokenWeightSpec`, `stages.Weigher`).
 The optional steps (the estimator's extra inputs, the staleness metrics, PF-PPO) are
 declared once in tables beside the spec field that turns each on, and chosen once
 (`Preparer.create`).
@@ -25,17 +25,22 @@ from rljax.ops.value import explained_variance
 from rljax.parallel import batch_sharding
 from rljax.train.config.specs import Specs
 from rljax.train.params import Params, policy_params
-from rljax.train.rollout.batch import RolloutBatch
-from rljax.train.rollout.turns import episode_metrics, turn_reward_advantages
-from rljax.train.update import batch_metrics
-from rljax.train.update.advantages import compute_advantages, gdpo_terms
-from rljax.train.update.batch import UpdateBatch, from_rollout
-from rljax.train.update.distill import Distiller, NoTeacher, distill_metrics
-from rljax.train.update.forward import ForwardFns
-from rljax.train.update.old_logp import Recompute, old_logp_source
-from rljax.train.update.scores import Shaper
-from rljax.train.update.stages import enabled
-from rljax.train.update.weights import Weigher, pf_ppo_filter
+from rljax.train.rollout.batch import RolloutBatch, episode_metrics, turn_reward_advantages
+from rljax.train.update.advantages import (
+  Distiller,
+  NoTeacher,
+  compute_advantages,
+  distill_metrics,
+  gdpo_terms,
+)
+from rljax.train.update.batch import (
+  UpdateBatch,
+  component_metrics,
+  from_rollout,
+  rollout_metrics,
+)
+from rljax.train.update.forward import ForwardFns, Recompute, old_logp_source
+from rljax.train.update.stages import Shaper, Weigher, enabled, pf_ppo_filter
 
 
 def staleness(upd: UpdateBatch, lags, max_lag: int) -> dict:
@@ -109,6 +114,7 @@ class Preparer:
   weigher: Weigher | None = None
   inputs: tuple = ()     # the `ADVANTAGE_INPUTS` the run's estimate reads
   finish: tuple = ()     # the `STALENESS` and `RESAMPLING` steps the run turns on
+  components: tuple = ()   # the reward components' metrics (`component_metrics`)
 
   @classmethod
   def create(cls, specs, fns, params, mesh, reward_fn, distiller=None):
@@ -121,7 +127,8 @@ class Preparer:
                shaper=Shaper.create(specs.shaping),
                weigher=Weigher.create(specs.weights, source.correction(specs.sources)),
                inputs=enabled(specs.advantage, ADVANTAGE_INPUTS),
-               finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING))
+               finish=enabled(specs.rollout, STALENESS) + enabled(specs.weights, RESAMPLING),
+               components=component_metrics(reward_fn))
 
   @property
   def teacher(self):
@@ -182,7 +189,7 @@ class Preparer:
 
   def after_update(self, state, upd: UpdateBatch, token_outputs):
     """(the batch with the old log-probs the update step returned, when they come from it
-    (`old_logp.FromUpdate`), and the old policy's metrics taken after the update)."""
+    (`forward.FromUpdate`), and the old policy's metrics taken after the update)."""
     return self.old_logp.after_update(upd, token_outputs,
                                       with_ref=self.params.has_reference(state))
 
@@ -191,11 +198,13 @@ class Preparer:
     return () if episodes is None else episodes.on_truncated
 
   def metrics(self, state, batch: RolloutBatch, upd: UpdateBatch) -> dict:
-    """The rollout's metrics (`batch_metrics`), the episodes' (multi-turn), the old policy's,
+    """The rollout's metrics (`batch.rollout_metrics`), the episodes' (multi-turn), the old policy's,
     on-policy distillation's and the critic's explained variance."""
     mask = upd.float_mask()
-    metrics = batch_metrics.rollout_metrics(batch, upd.scores, upd.advantages, mask,
+    metrics = rollout_metrics(batch, upd.scores, upd.advantages, mask,
                                             upd.mask, state.kl_coef)
+    for component in self.components:   # the task's worked mode
+      metrics.update(component(batch))
     metrics.update(episode_metrics(batch, upd, with_logp_gap=self.old_logp.logp_gap))
     metrics.update(self.old_logp.rollout_metrics(
         upd, with_ref=self.params.has_reference(state)))

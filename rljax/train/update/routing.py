@@ -21,7 +21,7 @@ from rljax.ops import moe_routing
 def replay_ids(batch, replay: bool):
   """The decoder's `replay_ids` [L_moe, B, S, k] from the batch's recorded `routes`
   [B, S, L_moe, k] with `replay` (`algo.routing_replay`: a MoE policy, whose rollouts record
-  them, and the update step's fields include them: `epochs.step_fields`), else None."""
+  them, and the update step's fields include them: `step.step_fields`), else None."""
   if not replay:
     return None
   return replay_ids_of(batch["routes"])

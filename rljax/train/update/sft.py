@@ -16,11 +16,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm
 
-from rljax.data.tasks import WORKED_OPTIONS
 from rljax.models.stack import restore_in_layout
 from rljax.train.config.specs import SFTSpec
 from rljax.train.params.state import clipped_adamw
-from rljax.train.rollout.demonstrations import demonstration_batch
+from rljax.train.rollout.context import demonstration_batch
 from rljax.train.update import objective
 
 
@@ -66,7 +65,8 @@ def train_sft(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fro
   The first `spec.worked_steps` steps show every prompt's worked solution, the rest the
   task's own demonstrations (for arithmetic, the `scratchpad_fraction` mixture): a skill
   phase, then a terse-answer phase, as a base model that can reason step by step is
-  instruction-tuned towards short answers. `spec.completion_len` is the demonstration
+  instruction-tuned towards short answers (a task without a worked mode,
+  `ctx.worked_demonstrations` False, has the second phase only). `spec.completion_len` is the demonstration
   length, which may exceed the RL budget.
 
   Args:
@@ -79,9 +79,7 @@ def train_sft(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fro
   prompts = ctx.task.train_prompts()
   rng = np.random.default_rng(seed)
   opt_state = tx.init(params)
-  worked_steps = spec.worked_steps
-  if not set(WORKED_OPTIONS) & set(getattr(ctx.task, "options", {})):
-    worked_steps = 0   # only synthetic tasks with a worked mode (arithmetic, calculator)
+  worked_steps = spec.worked_steps if ctx.worked_demonstrations else 0
   loss = float("nan")
   iterator = range(spec.steps)
   if progress:
