@@ -271,8 +271,11 @@ class RljaxGRPO:
     assert self.state.ref is None, "no reference model: kl_coef is 0, as on TRL's side"
     shardings = jax.tree.map(lambda x: x.sharding, self.state)
     self.num_micro = specs.schedule.microbatches
-    self.update_step = t.build_update_step(specs.loss, graphdef, None, tx, tx, self.num_micro,
-                                           state_shardings=shardings, mesh=self.mesh)
+    self.update_step = t.build_update_step(
+        specs.loss, graphdef, None, tx, tx, self.num_micro, state_shardings=shardings,
+        mesh=self.mesh,  # as `rljax train` builds it (train/run/iteration.make_trainer)
+        compiler_options=parallel.low_memory_compiler_options(self.mesh, self.state,
+                                                              remat=model.cfg.remat))
     self.fns = t.ForwardFns(specs.loss, graphdef, None, num_micro=self.num_micro,
                             mesh=self.mesh)
     self.last_minibatch = None

@@ -50,7 +50,9 @@ def make_trainer(setup: Setup, template) -> Trainer:
   update_step = build_update_step(
       specs.loss, params.actor_graphdef, params.critic_graphdef, params.actor_tx,
       params.critic_tx, num_micro, state_shardings=jax.tree.map(lambda x: x.sharding, template),
-      mesh=setup.mesh)
+      mesh=setup.mesh,
+      compiler_options=parallel.low_memory_compiler_options(
+          setup.mesh, template, remat=setup.model_cfg.remat))
   epochs = Epochs(update_step=update_step, fns=fns, schedule=specs.schedule,
                   rows_sharding=batch_sharding(setup.mesh), ptx_context=setup.ctx,
                   seed=specs.run.seed, completion_len=specs.rollout.max_new_tokens,

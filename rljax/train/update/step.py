@@ -90,12 +90,13 @@ def apply_gradients(state: TrainState, grads, loss, actor_tx, critic_tx, train_a
 
 
 def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx, num_micro,
-                      *, state_shardings=None, mesh=None):
+                      *, state_shardings=None, mesh=None, compiler_options=None):
   """Returns a jitted `update_step(state, minibatch, train_actor) -> (state, metrics)`.
 
   With `state_shardings` (the shardings of a placed TrainState), the new state keeps
   exactly those shardings, so the second call hits the compilation cache. With `mesh`, the
-  step is traced under it (`rljax.parallel.traced_on`).
+  step is traced under it (`rljax.parallel.traced_on`). `compiler_options` go to `jax.jit`
+  (`rljax.parallel.low_memory_compiler_options` for a big state on CPU).
 
   The update never reads the reference parameters: the returned function hands the
   jitted step the state without `ref` and puts the same `ref` back into the new state,
@@ -133,7 +134,8 @@ def build_update_step(spec, actor_graphdef, critic_graphdef, actor_tx, critic_tx
 
   # traced under the mesh, so that model.attention="auto" picks splash on a TPU slice
   jitted_step = jax.jit(parallel.traced_on(mesh, jitted_step), donate_argnums=(0,),
-                        out_shardings=out_shardings)
+                        out_shardings=out_shardings,
+                        compiler_options=compiler_options)
 
   def update_step(state: TrainState, minibatch, train_actor):
     new_state, metrics = jitted_step(state._replace(ref=None, base=None), state.base,
