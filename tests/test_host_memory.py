@@ -134,6 +134,30 @@ def test_sampler_releases_after_a_compile_only(monkeypatch):
   assert len(calls) == 2
 
 
+def test_long_compiles_release_before_the_first_run(monkeypatch):
+  """`import rljax` listens for JAX's backend-compile event: a compilation of at least
+  `RELEASE_AFTER_COMPILE_SECONDS` calls the release, a shorter one does not; and a real
+  compilation records that event (so the listener hears JAX's name for it)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import monitoring
+
+  from rljax import host_memory
+
+  calls, heard = [], []
+  monkeypatch.setattr(host_memory, "release_freed_host_memory", lambda: calls.append(1))
+  host_memory.release_after_long_compiles()   # already listening: not registered twice
+  event = host_memory.BACKEND_COMPILE_EVENT
+  monitoring.record_event_duration_secs(event, host_memory.RELEASE_AFTER_COMPILE_SECONDS)
+  assert calls == [1]
+  monitoring.record_event_duration_secs(event, 0.01)
+  monitoring.record_event_duration_secs("/jax/some/other_event", 5.0)
+  assert calls == [1]
+  monitoring.register_event_duration_secs_listener(lambda e, s, **_: heard.append(e))
+  jax.jit(lambda x: jnp.sin(x) * 3.0 + 0.25)(jnp.arange(7.0)).block_until_ready()
+  assert event in heard
+
+
 # --- transparent huge pages (the `rljax` command's default) ---------------------------
 
 def _thp_ready() -> str:
