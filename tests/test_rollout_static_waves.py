@@ -14,7 +14,7 @@ from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
 from rljax.parallel import BATCH_AXES, make_mesh
 from rljax.sampling import SamplingParams, generate_rows
-from rljax.sampling.filters import default_streams
+from rljax.sampling.streams import default_streams
 from rljax.train.rollout.single_turn import in_waves, static_waves
 
 N, PROMPTS, WIDTH = 4, 4, 7

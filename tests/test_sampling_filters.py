@@ -8,7 +8,14 @@ from scipy import stats
 from tolerances import assert_close_f32
 
 from rljax.sampling import SamplingParams, filter_logits, sample_tokens, truncated_log_softmax
-from rljax.sampling.filters import fast_argmax, inverse_cdf_draw, min_p_keep, top_k_keep, top_p_keep
+from rljax.sampling.filters import (
+    DRAW_BLOCK,
+    fast_argmax,
+    inverse_cdf_draw,
+    min_p_keep,
+    top_k_keep,
+    top_p_keep,
+)
 
 
 def reference_probs(logits_v, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
@@ -221,3 +228,56 @@ def test_inverse_cdf_draw_never_returns_a_zero_probability_token():
                                     jnp.asarray(u_b)))
   np.testing.assert_array_equal(got, [5, 2, 2, 4, 4, 5, 4])
   assert np.all(probs_v[got] > 0)
+
+
+@pytest.mark.parametrize("vocab", [DRAW_BLOCK + 1, 3 * DRAW_BLOCK, 5000])
+def test_blockwise_draw_matches_searchsorted_on_the_numpy_cdf(vocab):
+  """Above `DRAW_BLOCK` tokens (blockwise search, a zero-padded last block or none): the
+  first i with F_i >= u·F_V on a float64 NumPy CDF, for rows with truncated (zero) tokens;
+  uniforms within 1e-5 of a boundary are left out (float32 sums may round either way)."""
+  rng = np.random.default_rng(11)
+  probs_bv = rng.random((96, vocab)).astype(np.float32) ** 4
+  probs_bv *= rng.random((96, vocab)) > 0.5                   # half the tokens truncated away
+  probs_bv[:24, : vocab - 40] = 0.0                            # mass only in the last tokens
+  probs_bv[24:48, 40:] = 0.0                                   # mass only in the first tokens
+  probs_bv[:, [vocab - 1, 3]] += 0.01                          # every row keeps some mass
+  u_b = (rng.random(96) + 1e-7).astype(np.float32)
+  got = np.asarray(inverse_cdf_draw(jnp.asarray(probs_bv), jnp.asarray(u_b)))
+  cdf = np.cumsum(probs_bv.astype(np.float64), axis=-1)
+  cdf /= cdf[:, -1:]
+  want = np.array([np.searchsorted(c, u, side="left") for c, u in zip(cdf, u_b)])
+  clear = np.array([np.min(np.abs(c - u)) > 1e-5 for c, u in zip(cdf, u_b)])
+  assert clear.sum() > 80
+  np.testing.assert_array_equal(got[clear], want[clear])
+  assert np.all(probs_bv[np.arange(96), got] > 0)
+
+
+def test_blockwise_draw_never_returns_a_zero_probability_token_at_the_extremes():
+  """u = 1, u = the smallest float and u exactly at block boundaries, with whole blocks of
+  zeros (the first, the last, padded) around the mass."""
+  vocab = 4 * DRAW_BLOCK + 7
+  probs_v = np.zeros(vocab, np.float32)
+  probs_v[DRAW_BLOCK + 5] = 0.25                              # block 1
+  probs_v[3 * DRAW_BLOCK - 1] = 0.5                           # the last token of block 2
+  probs_v[3 * DRAW_BLOCK + 2] = 0.25                          # block 3
+  u_b = np.array([1.0, np.finfo(np.float32).tiny, 0.25, np.nextafter(np.float32(0.25), 1),
+                  0.75, np.nextafter(np.float32(0.75), 1)], np.float32)
+  got = np.asarray(inverse_cdf_draw(jnp.broadcast_to(jnp.asarray(probs_v), (6, vocab)),
+                                    jnp.asarray(u_b)))
+  b = DRAW_BLOCK
+  np.testing.assert_array_equal(got, [3 * b + 2, b + 5, b + 5, 3 * b - 1, 3 * b - 1, 3 * b + 2])
+
+
+def test_blockwise_draw_frequencies_follow_the_probabilities():
+  """200,000 draws from one row of 1,500 tokens (three blocks): each token's frequency
+  within 5 binomial standard deviations of its probability."""
+  rng = np.random.default_rng(3)
+  probs_v = (rng.random(1500) ** 8).astype(np.float32)
+  draw = jax.jit(lambda u: inverse_cdf_draw(jnp.broadcast_to(jnp.asarray(probs_v),
+                                                              (u.shape[0], 1500)), u))
+  got = np.concatenate([np.asarray(draw(jnp.asarray((1.0 - rng.random(10_000)).astype(
+      np.float32)))) for _ in range(20)])
+  p = probs_v.astype(np.float64) / probs_v.sum(dtype=np.float64)
+  counts = np.bincount(got, minlength=1500)
+  sd = np.sqrt(200_000 * p * (1 - p)) + 1.0
+  assert np.all(np.abs(counts - 200_000 * p) < 5 * sd)

@@ -10,8 +10,8 @@ from rljax.models.stack_layout import per_layer_layout, per_layer_views
 from rljax.sampling import SamplingParams, decode, generate
 from rljax.sampling import sampler as static_sampler
 from rljax.sampling.decode import spec_and_scalars
-from rljax.sampling.filters import default_streams
 from rljax.sampling.prepare import split_for_sampling
+from rljax.sampling.streams import default_streams
 
 # the weights dominate the program: 4 layers of a wide MLP, a short generation
 CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=2048, num_layers=4,

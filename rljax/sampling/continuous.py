@@ -10,7 +10,7 @@ bucket. The design follows JetStream's (AI-Hypercomputer/JetStream) `prefill` / 
 frees, then refill" loop, written as one on-device loop.
 
 A request's tokens depend only on its own stream: its step t reads the uniform of
-`filters.stream_uniforms` for its stream, exactly as the same row of the static sampler
+`streams.stream_uniforms` for its stream, exactly as the same row of the static sampler
 (`rljax.sampling.sampler`) does, so the same request gives the same tokens and log-probs
 whichever slot it ran in, and in either sampler (up to float summation order).
 """
@@ -31,16 +31,16 @@ from rljax.sampling.decode import (
   is_routed,
   spec_and_scalars,
 )
-from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.prepare import (
-    check_prompts,
-    drop_sampling_copies,
-    place_rows,
-    split_for_sampling,
+  check_prompts,
+  drop_sampling_copies,
+  place_rows,
+  split_for_sampling,
 )
 from rljax.sampling.rollout import Rollout
 from rljax.sampling.slot_loop import slot_loop
+from rljax.sampling.streams import default_streams
 
 
 def _continuous(graphdef, state, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,

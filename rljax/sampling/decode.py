@@ -4,7 +4,7 @@ tests (the host-side preparation of a call is in `rljax.sampling.prepare`).
 `rljax.sampling.sampler` (the static sampler), `rljax.sampling.continuous` (continuous
 batching) and `rljax.sampling.multiturn` (episodes with environment turns) build their
 programs from these pieces. Row r's t-th draw reads a uniform of its own stream
-(`filters.stream_uniforms`: (prompt, sample index) by default), so results do not depend on
+(`streams.stream_uniforms`: (prompt, sample index) by default), so results do not depend on
 batch padding, sharding or the row's position.
 """
 
@@ -20,8 +20,9 @@ import numpy as np
 
 from rljax.models import positions_from_mask
 from rljax.models.moe import compact_routes, no_route, route_dtype
-from rljax.sampling.filters import sample_tokens, stream_uniforms
+from rljax.sampling.filters import sample_tokens
 from rljax.sampling.params import SamplingParams
+from rljax.sampling.streams import stream_uniforms
 
 
 class DecodeSpec(NamedTuple):

@@ -17,7 +17,7 @@ back control as soon as at least as many rows wait for their environment as stil
 generate, so neither waiting nor finished rows hold the others back for long.
 
 Randomness: the k-th sampled token of row r reads draw k of the row's stream
-(`filters.stream_uniforms_at`), so a row's draws do not depend on how the turns of other
+(`streams.stream_uniforms_at`), so a row's draws do not depend on how the turns of other
 rows were scheduled, and match the static sampler's for the same stream.
 """
 
@@ -34,8 +34,9 @@ from flax import nnx
 from rljax.models import KVCache
 from rljax.sampling import buckets
 from rljax.sampling.decode import is_stop
-from rljax.sampling.filters import default_streams, sample_tokens, stream_uniforms_at
+from rljax.sampling.filters import sample_tokens
 from rljax.sampling.prepare import split_for_sampling
+from rljax.sampling.streams import default_streams, stream_uniforms_at
 
 GENERATING, WAITING, FINISHED = 0, 1, 2
 # why a row stopped generating: its episode-ending stop token (EOS), a turn stop (a tool
@@ -75,7 +76,7 @@ class TurnState(NamedTuple):
   mask: jax.Array         # [B, T] 1 on sampled ids
   logp: jax.Array         # [B, T] sampler log-prob of sampled ids, 0 elsewhere
   logp_full: jax.Array    # [B, T]
-  streams: jax.Array      # [B, 2] each row's random stream (filters.stream_uniforms)
+  streams: jax.Array      # [B, 2] each row's random stream (streams.stream_uniforms)
 
 
 def _draw(spec, scalars_3, rng, streams_b2, logits_bv, k_b):

@@ -23,15 +23,15 @@ from rljax.sampling.decode import (
   spec_and_scalars,
   step_sampler,
 )
-from rljax.sampling.filters import default_streams
 from rljax.sampling.params import SamplingParams
 from rljax.sampling.prepare import (
-    check_prompts,
-    drop_sampling_copies,
-    place_rows,
-    split_for_sampling,
+  check_prompts,
+  drop_sampling_copies,
+  place_rows,
+  split_for_sampling,
 )
 from rljax.sampling.rollout import Rollout
+from rljax.sampling.streams import default_streams
 
 
 def _decode(graphdef, state, tokens_rp, mask_rp, streams_r2, rng, scalars_3, *,
@@ -78,7 +78,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
       None for exact shapes); one program is compiled per bucket.
     share_prefill: prefill each prompt once for its n samples (same cache, n-fold less
       prefill compute).
-    streams: int [B*n, 2], the random stream of each completion (`filters.stream_uniforms`);
+    streams: int [B*n, 2], the random stream of each completion (`streams.stream_uniforms`);
       default (prompt index, sample index), so sample j of prompt b draws the same numbers
       whatever n, the batch or its padding.
   Returns:

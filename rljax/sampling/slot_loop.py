@@ -26,7 +26,8 @@ from rljax.sampling.decode import (
   real_routes,
   route_buffer,
 )
-from rljax.sampling.filters import sample_tokens, stream_uniforms
+from rljax.sampling.filters import sample_tokens
+from rljax.sampling.streams import stream_uniforms
 
 
 class _Slots(NamedTuple):
@@ -86,7 +87,7 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
       for its n samples).
     prompt_id_r: int [R]; consecutive requests with the same id share one prefill.
     streams_r2: int32 [R, 2], each request's random stream: its draws are the static
-      sampler's for that stream (`filters.stream_uniforms`).
+      sampler's for that stream (`streams.stream_uniforms`).
     num_rows: the first `num_rows` rows are real (the rest stay empty).
   Returns:
     `Decoded` with R rows.
