@@ -175,7 +175,8 @@ def release_freed_host_memory() -> bool:
 def release_after_long_compiles() -> None:
   """From now on, every XLA compilation of at least `RELEASE_AFTER_COMPILE_SECONDS` hands
   the memory it freed back to the OS (`release_freed_host_memory`) before its program
-  first runs (a `jax.monitoring` listener on `BACKEND_COMPILE_EVENT`). Idempotent.
+  first runs (a `jax.monitoring` listener on `BACKEND_COMPILE_EVENT`). Idempotent; called
+  by `import rljax.sampling`.
 
   The first call of a big program compiles it and then runs it: without this, the
   compiler's freed blocks stay resident beside the run's own peak. Measured on the

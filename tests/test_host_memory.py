@@ -134,14 +134,23 @@ def test_sampler_releases_after_a_compile_only(monkeypatch):
   assert len(calls) == 2
 
 
+def test_import_rljax_does_not_import_jax():
+  """A script may set JAX's environment (JAX_ENABLE_COMPILATION_CACHE, XLA_FLAGS) after
+  `import rljax` and before importing JAX (benchmarks/profile_ops.py does)."""
+  code = "import sys, rljax; print('jax' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_long_compiles_release_before_the_first_run(monkeypatch):
-  """`import rljax` listens for JAX's backend-compile event: a compilation of at least
+  """`import rljax.sampling` listens for JAX's backend-compile event: a compilation of at least
   `RELEASE_AFTER_COMPILE_SECONDS` calls the release, a shorter one does not; and a real
   compilation records that event (so the listener hears JAX's name for it)."""
   import jax
   import jax.numpy as jnp
   from jax import monitoring
 
+  import rljax.sampling  # noqa: F401  (registers the listener)
   from rljax import host_memory
 
   calls, heard = [], []
