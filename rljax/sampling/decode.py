@@ -110,13 +110,14 @@ def prefill(model, tokens_rp, positions_rp, cache, kv_mask_rs, fused):
   """Runs the prompt through the model; returns the last position's logits [R, V], the
   cache and the prompt's routes [R, P, L_moe, k] (None for a dense model)."""
   kwargs = dict(positions=positions_rp, cache=cache, start=0, kv_mask=kv_mask_rs, **fused)
+  head = getattr(model, "few_row_logits", getattr(model, "logits_from_hidden", None))
   if is_routed(model):
     hidden_rpd, cache, routing = model.hidden_cached_routed(tokens_rp, **kwargs)
-    return (model.logits_from_hidden(hidden_rpd[:, -1]), cache,
+    return (head(hidden_rpd[:, -1]), cache,
             compact_routes(routing.expert_ids, model.cfg.num_experts))
   if hasattr(model, "hidden_cached"):   # lm head on the last position only
     hidden_rpd, cache = model.hidden_cached(tokens_rp, **kwargs)
-    return model.logits_from_hidden(hidden_rpd[:, -1]), cache, None
+    return head(hidden_rpd[:, -1]), cache, None
   logits_rpv, cache = model.forward_cached(tokens_rp, **kwargs)
   return logits_rpv[:, -1], cache, None
 
