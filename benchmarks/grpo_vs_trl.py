@@ -373,6 +373,11 @@ class Worker:
         print(f"  [{self.side}] {line.rstrip()}", flush=True)
     raise RuntimeError(f"{self.side} worker exited with status {self.proc.wait()} before {tag}")
 
+  def wait_ready(self) -> None:
+    """Blocks until the worker has warmed up (a sampler worker's READY after its warm-up
+    calls): timed calls start only once every worker is idle."""
+    self.expect("READY")
+
   def send(self, command: str) -> None:
     self.proc.stdin.write(command + "\n")
     self.proc.stdin.flush()

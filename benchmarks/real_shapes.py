@@ -166,6 +166,7 @@ def rljax_sampler_worker(spec: dict) -> None:
   for i in range(spec["warmup"] - 1):
     for name in variants:
       call(name, 1 + i)
+  emit("READY", {})
   i = 0
   while wait_command() == "step":
     order = list(variants) if i % 2 == 0 else list(variants)[::-1]
@@ -221,6 +222,7 @@ def hf_sampler_worker(spec: dict) -> None:
   first = call()
   for _ in range(spec["warmup"] - 1):
     call()
+  emit("READY", {})
   while wait_command() == "step":
     emit("STEP", {"hf": call()})
   emit("DONE", {"rss_peak_mb": round(rss_peak_mb(), 1), "first_call_s": {"hf": first}})
@@ -262,6 +264,8 @@ def run_sampler(model_dir: str, args, shape: dict) -> list[dict]:
       print_configs(configs, SAMPLER_COMPARED)
       if len(configs) == 2:
         check_configs(configs, SAMPLER_COMPARED, "sampler configuration")
+    for w in workers.values():   # a warm-up beside a timed call slowed it (0.5B: 18.5 vs 7.2 s)
+      w.wait_ready()
     times: dict[str, list[float]] = {}
     for i in range(args.reps):
       for name in (sides if i % 2 == 0 else sides[::-1]):

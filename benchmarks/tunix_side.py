@@ -121,6 +121,7 @@ def sampler_worker(spec: dict) -> None:
   first = call(0)   # compiles; the second call compiles again (Tunix), hence warmup >= 2
   for i in range(spec["warmup"] - 1):
     call(1 + i)
+  emit("READY", {})
   i = 0
   while wait_command() == "step":
     emit("STEP", {"tunix": call(100 + i)})
