@@ -51,7 +51,7 @@ def test_sampler_program_holds_no_copy_of_the_weights(monkeypatch):
   tokens, mask = _prompts()
   sampling = SamplingParams(max_new_tokens=T, temperature=1.0)
   spec, scalars = spec_and_scalars(sampling, 0)
-  graphdef, state = split_for_sampling(model, None, layer_views=True)
+  graphdef, state, _ = split_for_sampling(model, None, layer_views=True)
   compiled = static_sampler._decode_jit.lower(
       graphdef, state, jnp.asarray(tokens), jnp.asarray(mask), default_streams(B, 1),
       jax.random.key(0), scalars, spec=spec).compile()

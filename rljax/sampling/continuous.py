@@ -93,7 +93,7 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
   Returns:
     `Decoded` (tokens, mask, logp, logp_full [R, T]; truncated [R]), as `generate_rows`.
   """
-  graphdef, state = split_for_sampling(model, sampler_dtype, layer_views=True)
+  graphdef, state, made = split_for_sampling(model, sampler_dtype, layer_views=True)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   total = tokens_rw.shape[0]
   prompt_id = jnp.arange(total, dtype=jnp.int32) // sampling.n
@@ -107,7 +107,7 @@ def continuous_rows(model, tokens_rw, mask_rw, *, sampling: SamplingParams, rng,
       _continuous_jit, graphdef, state, tokens_rw, mask_rw, prompt_id, streams,
       jnp.asarray(num, jnp.int32), rng, scalars_3, spec=spec, slots=int(slots),
       share_prefill=share_prefill, mesh=mesh)
-  drop_sampling_copies(model, state, out)
+  drop_sampling_copies(made, out)
   return out
 
 

@@ -245,7 +245,7 @@ class TurnSampler:
 
   def __init__(self, model, *, spec: TurnSpec, temperature=1.0, top_p=1.0, min_p=0.0,
                sampler_dtype=None):
-    self.graphdef, self.state = split_for_sampling(model, sampler_dtype)
+    self.graphdef, self.state, _ = split_for_sampling(model, sampler_dtype)
     self.spec = spec
     self.scalars = jnp.asarray(np.asarray([temperature if temperature > 0 else 1.0, top_p,
                                            min_p], np.float32))

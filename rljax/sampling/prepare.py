@@ -5,6 +5,7 @@ rows and parameters on the mesh. Shared by `sampler`, `continuous` and `multitur
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,16 @@ def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
   return tokens_bp.astype(np.int32), mask_bp
 
 
-def split_for_sampling(model: nnx.Module, sampler_dtype, *, layer_views: bool = False):
+class SamplingSplit(NamedTuple):
+  """`split_for_sampling`'s result: the graph and state a sampler program takes, and the
+  arrays of that state the split made (views, cast copies), which the model does not own."""
+  graphdef: nnx.GraphDef
+  state: nnx.State
+  made: list
+
+
+def split_for_sampling(model: nnx.Module, sampler_dtype, *,
+                       layer_views: bool = False) -> SamplingSplit:
   """nnx.split, optionally into a copy with floating parameters and compute in `sampler_dtype`.
 
   `layer_views`: a model with scanned layers (`ModelConfig.scan_layers`) is split as the
@@ -40,32 +50,36 @@ def split_for_sampling(model: nnx.Module, sampler_dtype, *, layer_views: bool = 
   reads every layer's weights; from a stacked argument XLA CPU copied each layer's slice
   before the loop, a second copy of the weights for the whole call (Qwen2.5-0.5B: 1.4 of
   the program's 1.6 GB of temporaries; `tests/test_sampling_memory.py`). Only for a call
-  that drops the views when it returns: while they live, an update step that donates the
-  stacked parameters copies them instead.
+  that drops the views when it returns (`drop_sampling_copies`): while they live, an
+  update step that donates the stacked parameters copies them instead.
   """
-  graphdef, state = nnx.split(model)
+  graphdef, own_state = nnx.split(model)
+  state = own_state
   if sampler_dtype is None:
-    return _per_layer_views(model, graphdef, state) if layer_views else (graphdef, state)
-  dtype = jnp.dtype(sampler_dtype)
-  state = jax.tree.map(functools.partial(_cast_floating, dtype=dtype), state)
-  cfg = getattr(model, "cfg", None)
-  if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
-    graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name, param_dtype=dtype.name))
-  return graphdef, state
+    if layer_views:
+      graphdef, state = _per_layer_views(model, graphdef, own_state)
+  else:
+    dtype = jnp.dtype(sampler_dtype)
+    state = jax.tree.map(functools.partial(_cast_floating, dtype=dtype), own_state)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and hasattr(cfg, "replace") and hasattr(cfg, "dtype"):
+      graphdef = _graphdef_for(type(model), cfg.replace(dtype=dtype.name,
+                                                        param_dtype=dtype.name))
+  own = {id(x) for x in jax.tree.leaves(own_state)}
+  made = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array) and id(x) not in own]
+  return SamplingSplit(graphdef, state, made)
 
 
-def drop_sampling_copies(model: nnx.Module, state, out) -> None:
-  """Deletes the arrays of `state` (as `split_for_sampling` returned it) that are not
-  `model`'s own (per-layer views of scanned parameters, cast copies), once the call's
-  outputs `out` are ready. Not arrays placed from them: `jax.device_put` may alias.
+def drop_sampling_copies(made: list, out) -> None:
+  """Deletes the arrays a `split_for_sampling` made (`SamplingSplit.made`: per-layer views
+  of scanned parameters, cast copies), once the call's outputs `out` are ready. Not arrays
+  placed from them: `jax.device_put` may alias.
 
   A view holds a reference to the stacked parameters' buffers: until it is gone, an update
   step that donates them copies them instead (Qwen2.5-0.5B: 1.4 GB more at the next
   update's peak, in some iterations and not others: when Python dropped the views was not
   up to this code). Deleting them here makes it every time.
   """
-  own = {id(x) for x in jax.tree.leaves(nnx.split(model)[1])}
-  made = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array) and id(x) not in own]
   if made:
     jax.block_until_ready(out)
     for x in made:

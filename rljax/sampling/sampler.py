@@ -94,7 +94,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   r = buckets.round_up(rows, batch_bucket, multiple_of=batch_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
-  graphdef, split = split_for_sampling(model, sampler_dtype, layer_views=True)
+  graphdef, split, made = split_for_sampling(model, sampler_dtype, layer_views=True)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, group)
   streams_r2 = default_streams(r, n) if streams is None else jnp.concatenate(
       [jnp.asarray(streams, jnp.int32), default_streams(r, n)[rows:]])
@@ -103,7 +103,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
   out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams_r2, rng,
                                scalars_3, spec=spec, mesh=mesh)
-  drop_sampling_copies(model, split, out)
+  drop_sampling_copies(made, out)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
@@ -139,13 +139,13 @@ def generate_rows(model: nnx.Module, tokens_rw: jax.Array, mask_rw: jax.Array, *
     `Decoded` (tokens, mask, logp, logp_full, truncated; routes [R, W + T, L_moe, k] of a
     MoE policy) of all R rows, as in `Rollout`.
   """
-  graphdef, state = split_for_sampling(model, sampler_dtype, layer_views=True)
+  graphdef, state, made = split_for_sampling(model, sampler_dtype, layer_views=True)
   spec, scalars_3 = spec_and_scalars(sampling, pad_id, sampling.n if share_prefill else 1)
   if streams is None:
     streams = default_streams(tokens_rw.shape[0], sampling.n)
   out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams, rng,
                                scalars_3, spec=spec, mesh=mesh)
-  drop_sampling_copies(model, state, out)
+  drop_sampling_copies(made, out)
   return out
 
 
