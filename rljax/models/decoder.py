@@ -189,8 +189,7 @@ class Decoder(nnx.Module):
 
     Note: XLA CPU reads a tied lm head E [V,D] at ~27 GB/s in `h @ E.T` and at ~47 GB/s in
     `E @ h.T` transposed after an `optimization_barrier` (which keeps XLA from folding the
-    transpose back); Qwen2.5-0.5B, 8 rows: 19.4 -> 11.4 ms (benchmarks/README.md). For the
-    sampler's decode steps and its prefill's last position.
+    transpose back); Qwen2.5-0.5B, 8 rows: 19.4 -> 11.4 ms (benchmarks/README.md). Sampler only.
     """
     rows = hidden_bsd.size // hidden_bsd.shape[-1]
     if not self.cfg.tie_embeddings or rows > FEW_ROWS:
