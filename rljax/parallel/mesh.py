@@ -159,8 +159,9 @@ def low_memory_compiler_options(mesh: Mesh | None, arguments, *, remat: bool = F
   backward's zero-filled gradient accumulators (and the embedding's) before the forward
   loop, beside every saved activation. The memory order changes which independent
   instruction runs first, never a value. Measured on the update step (benchmarks/README.md,
-  "Memory"): Qwen2.5-0.5B at 8 x 144 tokens (5.6 GB of state), temporaries 5,597 -> 4,871
-  MB at 1.007x the time; the toy model (35 MB of state), 601 -> 556 MB at 1.044x the time.
+  "The update step in XLA CPU's memory order"): Qwen2.5-0.5B at 8 x 144 tokens (5.6 GB of
+  state), temporaries 5,597 -> 4,871 MB at 1.007x the time; the toy model (35 MB of
+  state), 601 -> 556 MB at 1.044x the time.
   Hence for programs whose arguments reach `LOW_MEMORY_MIN_BYTES` together, and for any
   program that recomputes activations (`remat`): in the default order XLA CPU ran the
   recomputations early and kept their results, so remat saved little (0.5B update step

@@ -175,7 +175,7 @@ def inverse_cdf_draw(probs_bv: jax.Array, uniform_b: jax.Array) -> jax.Array:
   the block sums' prefix sum finds the block, the block's own prefix sum the token in it
   (the same F, summed in another order). XLA CPU's prefix sum over a whole row is slow:
   at Qwen2.5's V = 151,936 and 8 rows, 2.35 ms a draw against 0.57 ms blockwise, about 4 %
-  of a 0.5B decode step (benchmarks/README.md).
+  of a 0.5B decode step (benchmarks/README.md, "The token draw").
 
   Args:
     probs_bv: non-negative unnormalised probabilities, float32 [B, V]; zeros are never drawn.
