@@ -3,7 +3,7 @@
 A field nothing reads is a flag that silently does nothing: each field of the base config
 must be read outside the config room (`rljax/train/config/`), by its own name
 (`config.algo.eps_high`, `fields["eps_low"]`) or by the spec attribute it becomes
-(`algo.dynamic_sampling_max_rounds` -> `RolloutSpec.max_rounds`).
+(`algo.kl_placement` -> `PolicySourcesSpec.has_reference`).
 """
 
 import ast
@@ -17,10 +17,8 @@ from rljax.train.config.fields import Group
 
 ROOT = pathlib.Path(__file__).parent.parent / "rljax"
 # config field -> the spec attribute (or derived value) the trainer reads instead
-SPEC_NAMES = {"algo.dynamic_sampling_max_rounds": "max_rounds",
-              "algo.kl_placement": "has_reference",
-              "sampling.max_total_tokens": "completion_columns",
-              "sft.max_len": "completion_len"}
+SPEC_NAMES = {"algo.kl_placement": "has_reference",
+              "sampling.max_total_tokens": "completion_columns"}
 
 
 def _names_read_outside_config() -> set[str]:

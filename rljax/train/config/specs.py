@@ -74,8 +74,8 @@ class RolloutSpec(Sampling):
   """The `Sampling` concern as the run resolves it: `max_new_tokens` is T, the completion
   columns; `eval_n`, `eval_temperature` and `eval_size` are the held-out set's."""
 
-  dynamic_sampling: bool = False
-  max_rounds: int = 1          # generation rounds per iteration (1 without dynamic sampling)
+  dynamic_sampling: bool       # DAPO's dynamic sampling and its rounds (`Schedule`'s fields)
+  dynamic_sampling_max_rounds: int
   greedy_baseline: bool = False   # also a greedy rollout per prompt (ReMax's baseline)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
@@ -143,9 +143,9 @@ class AdvantageSpec(Advantages):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTSpec(SFT):
-  """The `SFT` concern plus its completion length and its cache keys."""
+  """The `SFT` concern as the run resolves it (`max_len` is the demonstration length: the
+  completion columns when `sft.max_len` is 0) plus its cache keys."""
 
-  completion_len: int
   cache_key: str
   # the held-out evaluation of the start, cached beside it (it depends on the start, the
   # evaluation settings, the model's adapters and the mesh, not on the RL fields)
@@ -201,7 +201,7 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
       advantage=fill(AdvantageSpec, adv, sources, kwargs=estimator_kwargs(adv.advantage, a),
                      group_size=n, kl_in_reward=a.kl_placement == "reward",
                      sampling_sum_sq=adv.advantage == "optimal_token_baseline"),
-      sft=fill(SFTSpec, sft, completion_len=sft.max_len or columns,
+      sft=fill(SFTSpec, sft, max_len=sft.max_len or columns,
                cache_key=_sft_cache_key(config, model_description, columns),
                heldout_key=_heldout_key(config, model_description, columns, sets)),
       distill=distill_spec(config),
@@ -217,7 +217,6 @@ def _rollout_spec(config, columns: int, heldout: dict) -> RolloutSpec:
                     env_timeout=t.env_timeout or None,
                     on_truncated_episode=tuple(sorted(e.on_truncated_episode.items())))
   return fill(RolloutSpec, sampling, schedule, max_new_tokens=columns,
-              max_rounds=schedule.dynamic_sampling_max_rounds if schedule.dynamic_sampling else 1,
               greedy_baseline=config.algo.advantage == "remax", eval_n=int(heldout["k"]),
               eval_temperature=float(heldout["temperature"]), episodes=episodes,
               eval_size=int(heldout["size"]))
