@@ -188,11 +188,12 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
     pack_groups: packed-forward groups per micro-batch (0: padded; from the mesh).
   """
   columns, sets = completion_columns(config), resolved_eval_sets(config)
+  evals = {name: EvalSetSpec(name=name, **fields) for name, fields in sets.items()}
   a, n = config.algo, int(config.sampling.n)
   adv, rsft, sft = read(Advantages, config), read(RejectionSFTSpec, config), read(SFT, config)
   sources = read(PolicySourcesSpec, config)
   return Specs(
-      run=read(RunSpec, config), rollout=_rollout_spec(config, columns, sets["heldout"]),
+      run=read(RunSpec, config), rollout=_rollout_spec(config, columns, evals["heldout"]),
       shaping=fill(ShapingSpec, read(Shaping, config), group=n, max_len=columns),
       sources=sources, weights=read(TokenWeightSpec, config),
       schedule=fill(ScheduleSpec, read(Schedule, config), read(algo.Critic, config),
@@ -205,10 +206,10 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
                cache_key=_sft_cache_key(config, model_description, columns),
                heldout_key=_heldout_key(config, model_description, columns, sets)),
       distill=distill_spec(config),
-      eval_sets=tuple(EvalSetSpec(name=k, **f) for k, f in sets.items() if k != "heldout"))
+      eval_sets=tuple(spec for name, spec in evals.items() if name != "heldout"))
 
 
-def _rollout_spec(config, columns: int, heldout: dict) -> RolloutSpec:
+def _rollout_spec(config, columns: int, heldout: EvalSetSpec) -> RolloutSpec:
   t, sampling, schedule = read(Task, config), read(Sampling, config), read(Schedule, config)
   episodes = None
   if t.env:
@@ -217,9 +218,8 @@ def _rollout_spec(config, columns: int, heldout: dict) -> RolloutSpec:
                     env_timeout=t.env_timeout or None,
                     on_truncated_episode=tuple(sorted(e.on_truncated_episode.items())))
   return fill(RolloutSpec, sampling, schedule, max_new_tokens=columns,
-              greedy_baseline=config.algo.advantage == "remax", eval_n=int(heldout["k"]),
-              eval_temperature=float(heldout["temperature"]), episodes=episodes,
-              eval_size=int(heldout["size"]))
+              greedy_baseline=config.algo.advantage == "remax", eval_n=heldout.k,
+              eval_temperature=heldout.temperature, episodes=episodes, eval_size=heldout.size)
 
 
 def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> LossSpec:
@@ -228,11 +228,10 @@ def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> Lo
   a, terms = config.algo, read(algo.LossTerms, config)
   decoupled = a.off_policy_correction == "decoupled"
   return fill(LossSpec, read(algo.Clipping, config), terms, read(algo.Critic, config),
-              read(algo.MoE, config), read(PolicySourcesSpec, config),
+              read(algo.MoE, config), read(PolicySourcesSpec, config), read(Sampling, config),
               policy=policy_loss_spec(a.policy_loss, a),
               max_len=completion_columns(config) if columns is None else columns,
               kl_in_loss=a.kl_placement == "loss", use_critic=a.advantage == "gae",
-              temperature=float(config.sampling.temperature),
               old_logp_from_update=a.old_logp_source == "update",
               decoupled_cap=(terms.decoupled_cap or float("inf")) if decoupled else None,
               pack_groups=int(pack_groups), routing_replay=a.routing_replay == "sampler")
