@@ -3,7 +3,7 @@
 A field nothing reads is a flag that silently does nothing: each field of the base config
 must be read outside the config room (`rljax/train/config/`), by its own name
 (`config.algo.eps_high`, `fields["eps_low"]`) or by the spec attribute it becomes
-(`algo.adv_eps` -> `AdvantageSpec.eps`).
+(`algo.kl_placement` -> `PolicySourcesSpec.has_reference`).
 """
 
 import ast
@@ -17,15 +17,8 @@ from rljax.train.config.fields import Group
 
 ROOT = pathlib.Path(__file__).parent.parent / "rljax"
 # config field -> the spec attribute (or derived value) the trainer reads instead
-SPEC_NAMES = {"algo.dynamic_sampling_max_rounds": "max_rounds",
-              "algo.kl_placement": "has_reference",
-              "sampling.max_total_tokens": "completion_columns",
-              "algo.advantage": "estimator", "algo.adv_eps": "eps",
-              "algo.whiten_advantages": "whiten", "sft.max_len": "completion_len",
-              "task.env_timeout": "timeout", "task.env_reward_only": "reward_only",
-              "algo.on_truncated_episode": "on_truncated", "algo.distill_teacher": "teacher",
-              "algo.distill_teacher_recipe": "recipe"}
-PREFIXES = ("rsft_", "distill_")
+SPEC_NAMES = {"algo.kl_placement": "has_reference",
+              "sampling.max_total_tokens": "completion_columns"}
 
 
 def _names_read_outside_config() -> set[str]:
@@ -54,9 +47,7 @@ def test_every_field_is_read_outside_the_config_room():
   unread = []
   for group, name in _fields():
     dotted = f"{group}.{name}"
-    names = {name, SPEC_NAMES.get(dotted, name)}
-    names |= {name.removeprefix(p) for p in PREFIXES if name.startswith(p)}
-    if not names & read:
+    if not {name, SPEC_NAMES.get(dotted, name)} & read:
       unread.append(dotted)
   assert not unread, f"config fields nothing outside rljax/train/config reads: {unread}"
 

@@ -181,9 +181,9 @@ def test_trainer_optimal_token_baseline_uses_the_reward_to_go_and_the_kernel():
            "mask": mask, "old_logp": np.log(rng.uniform(0.1, 1, (b * g, t))).astype(np.float32),
            "sampled_logp": np.log(rng.uniform(0.1, 1, (b * g, t))).astype(np.float32),
            "sum_sq": rng.uniform(0.1, 1, (b * g, t)).astype(np.float32)}
-  spec = AdvantageSpec(estimator="optimal_token_baseline",
-                       kwargs=(("handle_zero_tail", True),), group_size=g,
-                       gamma=1.0, lam=1.0, whiten=False, kl_in_reward=False, kl_estimator="k1")
+  spec = AdvantageSpec(advantage="optimal_token_baseline",
+                       kwargs=(("handle_zero_tail", True),), group_size=g, gamma=1.0, lam=1.0,
+                       whiten_advantages=False, kl_in_reward=False, kl_estimator="k1")
   fields = {k: jnp.asarray(v) for k, v in batch.items()}
   fields["completion_mask"] = fields.pop("mask")
   rows = dict.fromkeys(UpdateBatch._fields[:UpdateBatch._fields.index("routes")])

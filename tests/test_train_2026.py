@@ -11,7 +11,8 @@ import pytest
 from train_micro import micro_config, read_records
 
 from rljax.train.config import ConfigError, apply_overrides, base_config, validate
-from rljax.train.config.specs import sources_spec
+from rljax.train.config.algo import PolicySourcesSpec
+from rljax.train.config.fields import read
 from rljax.train.loop import train
 from rljax.train.params import Params, TrainState, init_optimizer_state
 
@@ -63,7 +64,7 @@ def _toy_params(tx, **algo):
   apply_overrides(c, {f"algo.{k}": v for k, v in algo.items()})
   return Params(actor_graphdef=None, critic_graphdef=None, initial_actor=None,
                 initial_critic=None, actor_tx=tx, critic_tx=None, mesh=None,
-                sources=sources_spec(c), seed=0)
+                sources=read(PolicySourcesSpec, c), seed=0)
 
 
 def test_mix_refresh_runs_every_n_iterations_and_keeps_the_optimizer():

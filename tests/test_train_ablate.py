@@ -120,7 +120,7 @@ def test_sampled_score_is_every_group_before_the_dynamic_sampling_filter():
   rounds = [[[1.0, 0.9], [1.0, 0.0]], [[0.0, 0.8], [0.1, 0.2]]]
   spec = dataclasses.replace(build_specs(base_config(), model_description="").rollout,
                              prompts_per_iteration=2, n=2, dynamic_sampling=True,
-                             max_rounds=5, greedy_baseline=False)
+                             dynamic_sampling_max_rounds=5, greedy_baseline=False)
   batch, stats = collect(_Rounds(rounds, 2), None, lambda k, r: [f"p{r}{i}" for i in range(k)],
                          lambda r: r, spec)
   np.testing.assert_allclose(np.sort(batch.scores), [0.0, 0.0, 0.8, 1.0])

@@ -164,10 +164,10 @@ def test_recipe_trains_the_teacher_once_per_seed(tmp_path):
       "algo.distill_teacher": str(tmp_path / "teacher" / "seed{seed}"), "run.seed": 3,
       "algo.distill_teacher_recipe": "experiments/grpo.py:all_scratchpad"})
   spec = distill_spec(config)
-  assert spec.teacher == str(tmp_path / "teacher" / "seed3")
+  assert spec.distill_teacher == str(tmp_path / "teacher" / "seed3")
   calls = []
   train_teacher_if_absent(spec, lambda c: calls.append((c.run.dir, c.run.seed, c.algo.epochs)))
-  assert calls == [(spec.teacher, 3, 1)]   # all_scratchpad: one epoch
+  assert calls == [(spec.distill_teacher, 3, 1)]   # all_scratchpad: one epoch
   (tmp_path / "teacher" / "seed3").mkdir(parents=True)
   (tmp_path / "teacher" / "seed3" / "result.json").write_text("{}")
   train_teacher_if_absent(spec, lambda c: calls.append(c))
@@ -183,12 +183,12 @@ def test_sft_on_teacher_samples_from_the_teacher(tmp_path):
       "algo.rsft_prompts": 8, "algo.rsft_steps": 1})
   run, state, _ = built(config)
   spec = run.specs.schedule.rsft
-  assert spec.from_teacher and spec.k == 1
+  assert spec.rsft_from_teacher and spec.rsft_k == 1
   rsft = RejectionSFT(spec, rollouts=run.rollouts, task=run.task,
                       graphdef=run.params.actor_graphdef, mesh=run.mesh, seed=0,
                       teacher=run.params.teacher)
   result = rsft.phase(state, 0, run.params.model(state))
-  prompts = phase_prompts(run.task, spec.prompts, 0, 0)
+  prompts = phase_prompts(run.task, spec.rsft_prompts, 0, 0)
   teacher_rows = run.rollouts.sample_and_score(run.params.teacher.model(), prompts,
                                                phase_key(state, 0), sampling=rsft.sampling)
   np.testing.assert_array_equal(np.asarray(result.rows["tokens"]),

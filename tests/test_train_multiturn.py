@@ -29,8 +29,9 @@ from rljax.train.update import objective
 
 def _episode(max_turns, max_observation_tokens, timeout):
   return EpisodeSpec(env="", max_turns=max_turns, turn_stop=(),
-                     max_observation_tokens=max_observation_tokens, timeout=timeout,
-                     reward_only=False, on_truncated=(), turn_rewards=False, gamma=1.0)
+                     max_observation_tokens=max_observation_tokens, env_timeout=timeout,
+                     env_reward_only=False, on_truncated_episode=(), turn_rewards=False,
+                     gamma=1.0)
 
 SCRIPTS = {
     0: [Step("12", info={"tool_call": True}), Step("x", info={"error": True}),

@@ -63,7 +63,7 @@ def test_phase_trains_on_exactly_the_best_of_each_group(phase_setup):
   assert scores_bg.std() > 0                          # the reward really distinguishes samples
   # Keep only groups whose best beats the median best: some kept, some dropped (padding).
   threshold = float(np.median(scores_bg.max(axis=1))) + 0.5
-  out = _phase(setup, min_score=threshold).phase(state, 0, model)
+  out = _phase(setup, rsft_min_score=threshold).phase(state, 0, model)
   scores = np.asarray(out.rows["scores"])
   expected = best_of_k(scores, out.rows["group_id"], min_score=threshold)
   np.testing.assert_array_equal(out.kept, expected)
@@ -92,7 +92,7 @@ def test_phase_trains_on_exactly_the_best_of_each_group(phase_setup):
 def test_nothing_kept_means_nothing_trained(phase_setup):
   setup, state = phase_setup
   # min_score above every possible digit count
-  out = _phase(setup, min_score=1e9).phase(state, 1,
+  out = _phase(setup, rsft_min_score=1e9).phase(state, 1,
                                            nnx.merge(setup.params.actor_graphdef, state.actor))
   assert len(out.kept) == 0 and out.batch["mask"].sum() == 0
   assert out.metrics["rsft/kept_frac"] == 0.0 and out.metrics["rsft/steps"] == 0

@@ -111,7 +111,8 @@ def test_distiller_with_only_the_teacher_zeroes_the_estimators_scores_not_the_ba
   upd = _batch()
   teacher_logp = jnp.log(jnp.asarray([[0.25, 0.5, 0.5], [0.5, 0.5, 1.0]]))
   fns = types.SimpleNamespace(policy_stats=lambda params, seq: (teacher_logp, None))
-  spec = types.SimpleNamespace(mode="reward", coef=2.0, only=True)
+  spec = types.SimpleNamespace(distill_mode="reward", distill_coef=2.0,
+                               distill_only=True)
   distiller = Distiller(spec=spec, fns=fns, teacher=types.SimpleNamespace(params=None))
   scored = distiller.score(upd, None)
   # c·(log π_s − log π_t): 2·log 2 on row 0's first token, 0 elsewhere
@@ -151,7 +152,8 @@ def test_distiller_in_the_advantage_adds_the_teachers_term_and_c_0_adds_nothing(
   teacher_logp = jnp.log(jnp.asarray([[0.25, 0.5, 0.5], [0.5, 0.5, 1.0]]))
   fns = types.SimpleNamespace(policy_stats=lambda params, seq: (teacher_logp, None))
   teacher = types.SimpleNamespace(params=None)
-  spec = types.SimpleNamespace(mode="advantage", coef=0.5, only=False)
+  spec = types.SimpleNamespace(distill_mode="advantage", distill_coef=0.5,
+                               distill_only=False)
   distiller = Distiller(spec=spec, fns=fns, teacher=teacher)
   scored = distiller.score(upd, None)
   assert scored.distill_penalty is None
@@ -160,8 +162,8 @@ def test_distiller_in_the_advantage_adds_the_teachers_term_and_c_0_adds_nothing(
   want[0, 0] -= 0.5 * np.log(2.0)   # −c·(log π_s − log π_t)
   np.testing.assert_allclose(out.advantages, want, rtol=1e-6)
   for mode in ("advantage", "reward"):
-    off = Distiller(spec=types.SimpleNamespace(mode=mode, coef=0.0, only=False), fns=fns,
-                    teacher=teacher)
+    off = Distiller(spec=types.SimpleNamespace(distill_mode=mode, distill_coef=0.0,
+                                               distill_only=False), fns=fns, teacher=teacher)
     done = off.advantages(off.reward(off.score(upd, None)))
     np.testing.assert_array_equal(done.advantages, upd.advantages)
     np.testing.assert_array_equal(done.scores, upd.scores)

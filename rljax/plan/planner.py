@@ -122,9 +122,10 @@ def summary(run: AbstractRun, target: Target, reports: list[dict]) -> dict:
                        chips=run.mesh.size, peak_flops=chip.peak_flops if chip else None,
                        lora=bool(run.config.model.lora_rank))
   notes = list(run.notes)
-  if run.specs.rollout.max_rounds > 1:
-    notes.append(f"dynamic sampling may generate up to {run.specs.rollout.max_rounds} rounds "
-                 "per iteration; the estimate counts one")
+  rollout = run.specs.rollout
+  if rollout.dynamic_sampling and rollout.dynamic_sampling_max_rounds > 1:
+    notes.append(f"dynamic sampling may generate up to {rollout.dynamic_sampling_max_rounds} "
+                 "rounds per iteration; the estimate counts one")
   c = run.config
   if c.task.env:
     notes.append("multi-turn episodes are planned as one generation of "

@@ -200,8 +200,9 @@ class Schedule(Group):
 
 
 @dataclasses.dataclass(frozen=True)
-class RejectionSFT(Group):
-  """Rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3)."""
+class RejectionSFTSpec(Group):
+  """Rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3); its own
+  spec (`ScheduleSpec.rsft`, None when `rsft_every` is 0)."""
 
   SECTION = "algo"
   rsft_every: int = field(0, "a phase before every N-th RL iteration", "int >= 0 (0: off)")
@@ -272,7 +273,7 @@ class Distill(Group):
 
 
 CONCERNS = (Advantages, Clipping, TokenWeightSpec, PolicySourcesSpec, Shaping, LossTerms,
-            Critic, MoE, Schedule, RejectionSFT, Episodes, Distill)
+            Critic, MoE, Schedule, RejectionSFTSpec, Episodes, Distill)
 
 
 def algo_section():

@@ -17,11 +17,13 @@ from ml_collections import ConfigDict
 
 
 class ConfigError(ValueError):
-  """A config has one or more invalid fields; the message names each one."""
+  """A config has one or more invalid fields; the message names each one (several: one a
+  line under "invalid config:")."""
 
-  def __init__(self, message: str, problems=()):
-    super().__init__(message)
-    self.problems = list(problems) or [message]
+  def __init__(self, problems: str | list[str]):
+    self.problems = [problems] if isinstance(problems, str) else list(problems)
+    super().__init__(problems if isinstance(problems, str)
+                     else "invalid config:\n  - " + "\n  - ".join(self.problems))
 
 
 def field(default, doc: str, rule=None):
@@ -102,8 +104,7 @@ class Group:
         checks.need(value in rule, f.name, f"is not one of {list(rule)}")
     self.check(checks)
     if checks.problems:
-      raise ConfigError("invalid config:\n  - " + "\n  - ".join(checks.problems),
-                        checks.problems)
+      raise ConfigError(checks.problems)
 
   def check(self, checks: Checks):
     """The concern's own checks (fields of this concern only); none by default."""

@@ -141,7 +141,7 @@ def validate(config, *, num_devices: int | None = None, max_positions: int | Non
     errors.append(f"sampling.max_new_tokens={columns} leaves no room for the prompt within "
                   f"the model's {limit} positions")
   if errors:
-    raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors), errors)
+    raise ConfigError(errors)
   return config
 
 

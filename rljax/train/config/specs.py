@@ -2,10 +2,11 @@
 
 The specs are what the runtime reads instead of the config: hashable, so the jitted parts
 can take them as static arguments. A concern that is its own spec (`RunSpec`, `EvalSetSpec`,
-`TokenWeightSpec`, `PolicySourcesSpec`) is declared once, with its config fields; a spec that
-extends a concern (`ShapingSpec`, `RolloutSpec`, `ScheduleSpec`, `SFTSpec`) adds only the
-values derived from other concerns. `build_specs` fills every spec by one generic function,
-`fill`, and computes the derived values once; nothing is written back.
+`TokenWeightSpec`, `PolicySourcesSpec`, `RejectionSFTSpec`) is declared once, with its config
+fields; a spec that extends a concern (`ShapingSpec`, `RolloutSpec`, `ScheduleSpec`,
+`AdvantageSpec`, `DistillSpec`, `SFTSpec`) adds only the values derived from other concerns;
+the other specs name their fields as the config does. `build_specs` fills every spec by one
+generic function, `fill`, and computes the derived values once; nothing is written back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import json
 from rljax.ops.estimators import estimator_kwargs
 from rljax.ops.policy_loss import PolicyLossSpec, policy_loss_spec
 from rljax.train.config import algo
-from rljax.train.config.algo import PolicySourcesSpec, Schedule, Shaping, TokenWeightSpec
+from rljax.train.config.algo import (
+    Advantages,
+    Distill,
+    PolicySourcesSpec,
+    RejectionSFTSpec,
+    Schedule,
+    Shaping,
+    TokenWeightSpec,
+)
 from rljax.train.config.defaults import (
     EvalSetSpec,
     base_config,
@@ -32,7 +41,7 @@ __all__ = [
     "AdvantageSpec", "DistillSpec", "EpisodeSpec", "EvalSetSpec", "LossSpec",
     "PolicySourcesSpec", "RejectionSFTSpec", "RolloutSpec", "RunSpec", "SFTSpec",
     "ScheduleSpec", "ShapingSpec", "Specs", "TokenWeightSpec", "build_specs", "distill_spec",
-    "loss_spec", "sources_spec",
+    "loss_spec",
 ]
 
 
@@ -53,9 +62,9 @@ class EpisodeSpec:
   max_turns: int
   turn_stop: tuple[str, ...]
   max_observation_tokens: int
-  timeout: float | None
-  reward_only: bool
-  on_truncated: tuple[tuple[str, str], ...]   # (status, keep | mask | drop)
+  env_timeout: float | None    # None: no deadline
+  env_reward_only: bool
+  on_truncated_episode: tuple[tuple[str, str], ...]   # (status, keep | mask | drop)
   turn_rewards: bool
   gamma: float
 
@@ -65,8 +74,8 @@ class RolloutSpec(Sampling):
   """The `Sampling` concern as the run resolves it: `max_new_tokens` is T, the completion
   columns; `eval_n`, `eval_temperature` and `eval_size` are the held-out set's."""
 
-  dynamic_sampling: bool = False
-  max_rounds: int = 1          # generation rounds per iteration (1 without dynamic sampling)
+  dynamic_sampling: bool       # DAPO's dynamic sampling and its rounds (`Schedule`'s fields)
+  dynamic_sampling_max_rounds: int
   greedy_baseline: bool = False   # also a greedy rollout per prompt (ReMax's baseline)
   episodes: EpisodeSpec | None = None
   eval_size: int = 0           # held-out prompts evaluated (0: all of task.heldout_size)
@@ -75,29 +84,12 @@ class RolloutSpec(Sampling):
     """None: the concern's own checks ran on the config's fields, not the resolved ones."""
 
 
-@dataclasses.dataclass(frozen=True)
-class DistillSpec:
-  """On-policy distillation from a frozen teacher (`rljax.ops.distill`)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DistillSpec(Distill):
+  """The `Distill` concern with `distill_teacher`'s "{seed}" resolved, plus that seed (the
+  one `distill_teacher_recipe` trains the teacher with)."""
 
-  teacher: str                 # the teacher's directory ("{seed}" resolved)
-  recipe: str                  # experiment trained into `teacher` when it has no checkpoint
-  seed: int                    # the run's seed (the recipe's)
-  coef: float
-  mode: str
-  only: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class RejectionSFTSpec:
-  """Rejection-sampling fine-tuning phases (Llama 2, arXiv:2307.09288, Sec. 3.2.3)."""
-
-  every: int
-  k: int
-  prompts: int
-  steps: int
-  lr: float
-  min_score: float | None
-  from_teacher: bool = False
+  seed: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,31 +126,26 @@ class LossSpec:
   moe_z_loss_coef: float = 0.0     # ST-MoE router z-loss (token mean, summed over layers)
 
 
-@dataclasses.dataclass(frozen=True)
-class AdvantageSpec:
-  """Static choices of the advantage estimate (a hashable jit argument)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdvantageSpec(Advantages):
+  """The `Advantages` concern plus what the estimate reads from elsewhere (a hashable jit
+  argument)."""
 
-  estimator: str
   kwargs: tuple                # the estimator's own arguments, sorted (name, value) pairs
   group_size: int
-  gamma: float
-  lam: float
-  whiten: bool
   kl_in_reward: bool
   kl_estimator: str
   # GDPO (algo.reward_aggregation="normalize_then_sum"): weights of the reward components,
   # set once the run's reward is built; empty: the weighted sum is the score
   reward_weights: tuple = ()
-  eps: float = 1e-6
-  gdpo_whiten_over: str = "samples"
   sampling_sum_sq: bool = False   # the estimator reads the sampling policy's Σ_v π_v² (OTB)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTSpec(SFT):
-  """The `SFT` concern plus its completion length and its cache keys."""
+  """The `SFT` concern as the run resolves it (`max_len` is the demonstration length: the
+  completion columns when `sft.max_len` is 0) plus its cache keys."""
 
-  completion_len: int
   cache_key: str
   # the held-out evaluation of the start, cached beside it (it depends on the start, the
   # evaluation settings, the model's adapters and the mesh, not on the RL fields)
@@ -182,12 +169,12 @@ class Specs:
   eval_sets: tuple[EvalSetSpec, ...] = ()
 
 
-def fill(spec_type, *concerns, prefix: str = "", **derived):
-  """`spec_type` with each field from `derived`, else from the first concern that has it as
-  `name` or `prefix + name`; a field found nowhere keeps its default."""
+def fill(spec_type, *concerns, **derived):
+  """`spec_type` with each field from `derived`, else from the first concern that has it; a
+  field found nowhere keeps its default."""
   values = {}
   for f in dataclasses.fields(spec_type):
-    found = [getattr(c, n) for c in concerns for n in (f.name, prefix + f.name) if hasattr(c, n)]
+    found = [getattr(c, f.name) for c in concerns if hasattr(c, f.name)]
     if f.name in derived or found:
       values[f.name] = derived[f.name] if f.name in derived else found[0]
   return spec_type(**values)
@@ -201,46 +188,38 @@ def build_specs(config, *, model_description: str, pack_groups: int = 0) -> Spec
     pack_groups: packed-forward groups per micro-batch (0: padded; from the mesh).
   """
   columns, sets = completion_columns(config), resolved_eval_sets(config)
+  evals = {name: EvalSetSpec(name=name, **fields) for name, fields in sets.items()}
   a, n = config.algo, int(config.sampling.n)
-  adv, rsft, sft = read(algo.Advantages, config), read(algo.RejectionSFT, config), read(SFT, config)
+  adv, rsft, sft = read(Advantages, config), read(RejectionSFTSpec, config), read(SFT, config)
+  sources = read(PolicySourcesSpec, config)
   return Specs(
-      run=read(RunSpec, config), rollout=_rollout_spec(config, columns, sets["heldout"]),
+      run=read(RunSpec, config), rollout=_rollout_spec(config, columns, evals["heldout"]),
       shaping=fill(ShapingSpec, read(Shaping, config), group=n, max_len=columns),
-      sources=sources_spec(config), weights=read(TokenWeightSpec, config),
+      sources=sources, weights=read(TokenWeightSpec, config),
       schedule=fill(ScheduleSpec, read(Schedule, config), read(algo.Critic, config),
-                    read(algo.LossTerms, config), rsft=fill(
-                        RejectionSFTSpec, rsft, prefix="rsft_") if rsft.rsft_every else None),
+                    read(algo.LossTerms, config), rsft=rsft if rsft.rsft_every else None),
       loss=loss_spec(config, pack_groups, columns=columns),
-      advantage=fill(AdvantageSpec, adv, read(PolicySourcesSpec, config),
-                     estimator=adv.advantage, kwargs=estimator_kwargs(adv.advantage, a),
-                     group_size=n, whiten=adv.whiten_advantages, eps=adv.adv_eps,
-                     kl_in_reward=a.kl_placement == "reward",
+      advantage=fill(AdvantageSpec, adv, sources, kwargs=estimator_kwargs(adv.advantage, a),
+                     group_size=n, kl_in_reward=a.kl_placement == "reward",
                      sampling_sum_sq=adv.advantage == "optimal_token_baseline"),
-      sft=fill(SFTSpec, sft, completion_len=sft.max_len or columns,
+      sft=fill(SFTSpec, sft, max_len=sft.max_len or columns,
                cache_key=_sft_cache_key(config, model_description, columns),
                heldout_key=_heldout_key(config, model_description, columns, sets)),
       distill=distill_spec(config),
-      eval_sets=tuple(EvalSetSpec(name=k, **f) for k, f in sets.items() if k != "heldout"))
+      eval_sets=tuple(spec for name, spec in evals.items() if name != "heldout"))
 
 
-def _rollout_spec(config, columns: int, heldout: dict) -> RolloutSpec:
+def _rollout_spec(config, columns: int, heldout: EvalSetSpec) -> RolloutSpec:
   t, sampling, schedule = read(Task, config), read(Sampling, config), read(Schedule, config)
   episodes = None
   if t.env:
     e = read(algo.Episodes, config)
-    episodes = fill(EpisodeSpec, t, sampling, e, read(algo.Advantages, config),
-                    timeout=t.env_timeout or None, reward_only=t.env_reward_only,
-                    on_truncated=tuple(sorted(e.on_truncated_episode.items())))
+    episodes = fill(EpisodeSpec, t, sampling, e, read(Advantages, config),
+                    env_timeout=t.env_timeout or None,
+                    on_truncated_episode=tuple(sorted(e.on_truncated_episode.items())))
   return fill(RolloutSpec, sampling, schedule, max_new_tokens=columns,
-              max_rounds=schedule.dynamic_sampling_max_rounds if schedule.dynamic_sampling else 1,
-              greedy_baseline=config.algo.advantage == "remax", eval_n=int(heldout["k"]),
-              eval_temperature=float(heldout["temperature"]), episodes=episodes,
-              eval_size=int(heldout["size"]))
-
-
-def sources_spec(config) -> PolicySourcesSpec:
-  """Where the old policy's and the reference's log-probs come from, as `config` sets it."""
-  return read(PolicySourcesSpec, config)
+              greedy_baseline=config.algo.advantage == "remax", eval_n=heldout.k,
+              eval_temperature=heldout.temperature, episodes=episodes, eval_size=heldout.size)
 
 
 def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> LossSpec:
@@ -249,11 +228,10 @@ def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> Lo
   a, terms = config.algo, read(algo.LossTerms, config)
   decoupled = a.off_policy_correction == "decoupled"
   return fill(LossSpec, read(algo.Clipping, config), terms, read(algo.Critic, config),
-              read(algo.MoE, config), read(PolicySourcesSpec, config),
+              read(algo.MoE, config), read(PolicySourcesSpec, config), read(Sampling, config),
               policy=policy_loss_spec(a.policy_loss, a),
               max_len=completion_columns(config) if columns is None else columns,
               kl_in_loss=a.kl_placement == "loss", use_critic=a.advantage == "gae",
-              temperature=float(config.sampling.temperature),
               old_logp_from_update=a.old_logp_source == "update",
               decoupled_cap=(terms.decoupled_cap or float("inf")) if decoupled else None,
               pack_groups=int(pack_groups), routing_replay=a.routing_replay == "sampler")
@@ -261,11 +239,11 @@ def loss_spec(config, pack_groups: int = 0, *, columns: int | None = None) -> Lo
 
 def distill_spec(config) -> DistillSpec | None:
   """On-policy distillation's spec; None without a teacher."""
-  d = read(algo.Distill, config)
+  d = read(Distill, config)
   if not d.distill_teacher:
     return None
-  return fill(DistillSpec, d, prefix="distill_", teacher=distill_teacher_dir(config),
-              recipe=d.distill_teacher_recipe, seed=int(config.run.seed))
+  return fill(DistillSpec, d, distill_teacher=distill_teacher_dir(config),
+              seed=int(config.run.seed))
 
 
 def _digest(parts) -> str:

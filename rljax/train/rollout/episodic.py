@@ -56,7 +56,7 @@ class _EpisodeLoop:
     self.streams = (np.stack([np.arange(len(prompts)), np.zeros(len(prompts))], 1)
                     .astype(np.int32) if streams is None else streams)
     self.max_turns, self.max_obs = episode.max_turns, episode.max_observation_tokens
-    self.runner = EnvRunner(episode.timeout)
+    self.runner = EnvRunner(episode.env_timeout)
     self.seam = None
     if ctx.chat_template:   # observations as chat messages
       self.seam = ChatSeam(ctx.tokenizer)
@@ -230,7 +230,7 @@ class Episodic:
     texts = [decode(tokens[i, :extent[i]].tolist()) for i in range(len(rows))]
     total, components, failed = score_texts(self.ctx, rows, texts)
     env_reward = np.asarray([e.env_reward for e in episodes], np.float32)
-    scores = env_reward + (0.0 if self.episode.reward_only else total)
+    scores = env_reward + (0.0 if self.episode.env_reward_only else total)
     records = EpisodeRecords(
         status=np.asarray([STATUS_CODE[e.status] for e in episodes], np.int32),
         tool_calls=np.asarray([e.tool_calls for e in episodes], np.int32), episodes=episodes,

@@ -52,7 +52,7 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
   With dynamic sampling (DAPO, arXiv:2503.14476, Sec. 3.2, Eq. 11) groups whose
   accuracies are all equal are dropped (the verl recipe filters on accuracy) and more
   prompts are drawn until the groups are filled; `rljax.data.buffer.DynamicSamplingBuffer`
-  raises a clear error after `spec.max_rounds`. With `spec.greedy_baseline` (ReMax) each
+  raises a clear error after `spec.dynamic_sampling_max_rounds`. With `spec.greedy_baseline` (ReMax) each
   prompt's greedy completion is scored too (`greedy_key`).
 
   Args:
@@ -67,7 +67,8 @@ def collect(rollouts, model, draw_prompts, rng_fn, spec: RolloutSpec, *, greedy_
   """
   n = spec.n
   seconds = {"generate_s": 0.0, "score_s": 0.0}
-  buffer = DynamicSamplingBuffer(spec.prompts_per_iteration, max_rounds=spec.max_rounds)
+  buffer = DynamicSamplingBuffer(spec.prompts_per_iteration,
+                                max_rounds=spec.dynamic_sampling_max_rounds)
   zero_var = None
   sampled = []   # every round's scores, before the filter
   for round_ in itertools.count():

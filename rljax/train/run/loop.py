@@ -101,7 +101,7 @@ class _Session:
     setup, spec = self.setup, self.setup.specs.run
     t0 = time.perf_counter()
     rsft_metrics = {}
-    if self.rsft is not None and it % self.rsft.spec.every == 0:
+    if self.rsft is not None and it % self.rsft.spec.rsft_every == 0:
       state, rsft_metrics, *_ = self.rsft.phase(state, it, self.model(state))
     state, m, moments, upd = rl_iteration(self.trainer, state, it, moments,
                                           self.source.take(state, it))
@@ -239,7 +239,8 @@ def teacher_finished(directory) -> bool:
 
 
 def train_teacher_if_absent(spec: DistillSpec | None, train_fn=None):
-  """Trains `spec.recipe` into `spec.teacher` with seed `spec.seed` unless it is there.
+  """Trains `spec.distill_teacher_recipe` into `spec.distill_teacher` with seed `spec.seed`
+  unless it is there.
 
   With `algo.distill_teacher = "runs/distill_teacher/seed{seed}"` and
   `algo.distill_teacher_recipe = "experiments/grpo.py"`, a run whose teacher directory
@@ -253,10 +254,11 @@ def train_teacher_if_absent(spec: DistillSpec | None, train_fn=None):
   Returns:
     the teacher run's RESULT dict when it was trained now, else None.
   """
-  if spec is None or not spec.recipe or teacher_finished(spec.teacher):
+  if spec is None or not spec.distill_teacher_recipe or teacher_finished(spec.distill_teacher):
     return None
-  config = load_config(spec.recipe, {"run.seed": spec.seed, "run.dir": spec.teacher})
+  recipe, teacher = spec.distill_teacher_recipe, spec.distill_teacher
+  config = load_config(recipe, {"run.seed": spec.seed, "run.dir": teacher})
   if parallel.is_primary():
-    print(f"[rljax] training the distillation teacher: {spec.recipe} (seed {spec.seed}) "
-          f"-> {spec.teacher}")
+    print(f"[rljax] training the distillation teacher: {recipe} (seed {spec.seed}) "
+          f"-> {teacher}")
   return (train_fn or train_validated)(config)

@@ -94,15 +94,16 @@ class RejectionSFT:
     self.spec, self.rollouts, self.task = spec, rollouts, task
     self.graphdef, self.mesh, self.seed = graphdef, mesh, seed
     # `algo.rsft_from_teacher`: the distillation teacher samples the phases, not the policy
-    self.teacher_model = teacher.model() if spec.from_teacher and teacher is not None else None
-    self.tx = clipped_adamw(spec.lr, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
-    self.sampling = rollouts.ctx.sampling.replace(n=spec.k)
+    self.teacher_model = (teacher.model() if spec.rsft_from_teacher and teacher is not None
+                          else None)
+    self.tx = clipped_adamw(spec.rsft_lr, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
+    self.sampling = rollouts.ctx.sampling.replace(n=spec.rsft_k)
     self._finetune = None
 
   def _build(self, params):
     """Jits `finetune(params, batch) -> (params, loss before, loss after)`, returning the
     parameters with their input shardings (so the RL update step's cache stays warm)."""
-    graphdef, steps, tx = self.graphdef, self.spec.steps, self.tx
+    graphdef, steps, tx = self.graphdef, self.spec.rsft_steps, self.tx
     step = sft_step_fn(graphdef, tx)
     replicated = NamedSharding(self.mesh, PartitionSpec())
     shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -134,15 +135,15 @@ class RejectionSFT:
     """
     spec = self.spec
     t0 = time.perf_counter()
-    prompts = phase_prompts(self.task, spec.prompts, self.seed, iteration)
+    prompts = phase_prompts(self.task, spec.rsft_prompts, self.seed, iteration)
     model = model if self.teacher_model is None else self.teacher_model
     batch = self.rollouts.sample_and_score(model, prompts, phase_key(state, iteration),
                                            sampling=self.sampling)
     rows = {k: getattr(batch, k) for k in SEQUENCE_KEYS + ("scores", "accuracy", "group_id")}
     scores = np.asarray(rows["scores"], np.float64)
-    kept = best_of_k(scores, rows["group_id"], min_score=spec.min_score)
+    kept = best_of_k(scores, rows["group_id"], min_score=spec.rsft_min_score)
     sft_batch = kept_batch(rows, kept, len(prompts))
-    best = scores.reshape(len(prompts), spec.k).max(axis=1)
+    best = scores.reshape(len(prompts), spec.rsft_k).max(axis=1)
     metrics = {"rsft/kept_frac": len(kept) / len(prompts), "rsft/score_mean": scores.mean(),
                "rsft/best_score_mean": best.mean(),
                "rsft/accuracy_mean": float(np.mean(rows["accuracy"])),
@@ -155,6 +156,6 @@ class RejectionSFT:
       actor, before, after = self._finetune(state.actor, sft_batch)
       state = state._replace(actor=actor)
       metrics.update({"rsft/loss_before": float(before), "rsft/loss_after": float(after),
-                      "rsft/steps": spec.steps})
+                      "rsft/steps": spec.rsft_steps})
     metrics["time/rsft_s"] = time.perf_counter() - t0
     return PhaseResult(state, metrics, rows, sft_batch, kept)

@@ -107,7 +107,7 @@ def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, pe
   if spec.reward_weights:   # GDPO; validation allows it with "grpo" and no KL in reward
     comps = batch.reward_components
     adv_b = advantages_group.gdpo_advantages(
-        _to_groups(comps, g), jnp.asarray(spec.reward_weights), eps=spec.eps, mask_bg=valid_pg,
+        _to_groups(comps, g), jnp.asarray(spec.reward_weights), eps=spec.adv_eps, mask_bg=valid_pg,
         whiten_over=spec.gdpo_whiten_over,
         lengths_bg=jnp.sum(batch.completion_mask, axis=1).reshape(-1, g)).reshape(-1)
   else:
@@ -116,7 +116,7 @@ def _sequence_level(spec: AdvantageSpec, batch, scores, kl_bt, mask, kl_coef, pe
     inputs = GroupInputs(mask_bg=valid_pg,
                          lengths_bg=jnp.sum(batch.completion_mask, axis=1).reshape(-1, g),
                          greedy_bg=None if greedy is None else greedy.reshape(-1, g))
-    adv_b = sequence_advantages(spec.estimator, spec.kwargs, seq_scores.reshape(-1, g),
+    adv_b = sequence_advantages(spec.advantage, spec.kwargs, seq_scores.reshape(-1, g),
                                 inputs).reshape(-1)
   advantages = jnp.broadcast_to(adv_b[:, None], mask.shape) * mask
   return advantages, advantages
@@ -153,9 +153,9 @@ def compute_advantages(spec: AdvantageSpec, batch, kl_coef):
   penalty_bt = batch.distill_penalty
   if penalty_bt is not None:
     penalty_bt = penalty_bt * mask
-  estimate = ESTIMATES[spec.estimator]
+  estimate = ESTIMATES[spec.advantage]
   advantages, returns = estimate(spec, batch, scores, kl_bt, mask, kl_coef, penalty_bt)
-  if spec.whiten:
+  if spec.whiten_advantages:
     advantages = adv_ops.whiten(advantages, mask)
   return advantages * mask, returns * mask, kl_bt
 
@@ -174,13 +174,13 @@ class InReward:
 
   def penalty(self, upd: UpdateBatch) -> UpdateBatch:
     """A new batch with the penalty (zeros for c = 0)."""
-    return upd._replace(distill_penalty=self.spec.coef * distill_reverse_kl(
+    return upd._replace(distill_penalty=self.spec.distill_coef * distill_reverse_kl(
         upd.old_logp, upd.teacher_logp, _mask(upd)))
 
   def reward(self, upd: UpdateBatch) -> UpdateBatch:
     """With `distill_only`, the task's scores are 0 for the estimator (the penalty is the
     whole reward); the batch's own `scores` (the metrics') stay."""
-    if not self.spec.only:
+    if not self.spec.distill_only:
       return upd
     return upd._replace(scores=jnp.zeros_like(upd.scores))
 
@@ -212,8 +212,8 @@ class InAdvantage:
     """A new batch whose advantages are the task's (none with `distill_only`) plus the
     teacher's term (zeros for c = 0)."""
     distill = distill_advantages(upd.old_logp, upd.teacher_logp, _mask(upd),
-                                 coef=self.spec.coef)
-    return upd._replace(advantages=distill if self.spec.only else upd.advantages + distill)
+                                 coef=self.spec.distill_coef)
+    return upd._replace(advantages=distill if self.spec.distill_only else upd.advantages + distill)
 
 
 # Where the teacher's term enters, by `algo.distill_mode`
@@ -238,7 +238,7 @@ class Distiller:
   term: InReward | InAdvantage = dataclasses.field(init=False)
 
   def __post_init__(self):
-    self.term = DISTILL_MODES[self.spec.mode](self.spec)
+    self.term = DISTILL_MODES[self.spec.distill_mode](self.spec)
 
   def score(self, upd: UpdateBatch, sequences) -> UpdateBatch:
     """A new batch with the teacher's log-probs of the sampled tokens (`teacher_logp`) and,

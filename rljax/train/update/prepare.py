@@ -195,7 +195,7 @@ class Preparer:
 
   def _on_truncated(self):
     episodes = self.specs.rollout.episodes
-    return () if episodes is None else episodes.on_truncated
+    return () if episodes is None else episodes.on_truncated_episode
 
   def metrics(self, state, batch: RolloutBatch, upd: UpdateBatch) -> dict:
     """The rollout's metrics (`batch.rollout_metrics`), the episodes' (multi-turn), the old policy's,

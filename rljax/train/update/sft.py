@@ -66,7 +66,7 @@ def train_sft(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fro
   task's own demonstrations (for arithmetic, the `scratchpad_fraction` mixture): a skill
   phase, then a terse-answer phase, as a base model that can reason step by step is
   instruction-tuned towards short answers (a task without a worked mode,
-  `ctx.worked_demonstrations` False, has the second phase only). `spec.completion_len` is the demonstration
+  `ctx.worked_demonstrations` False, has the second phase only). `spec.max_len` is the demonstration
   length, which may exceed the RL budget.
 
   Args:
@@ -86,7 +86,7 @@ def train_sft(graphdef, ctx, params, *, spec: SFTSpec, seed, progress=False, fro
     iterator = tqdm(iterator, desc="SFT warm start", leave=False)
   for i in iterator:
     chosen = [prompts[j] for j in rng.integers(0, len(prompts), spec.batch_size)]
-    batch = demonstration_batch(ctx, chosen, spec.completion_len, worked=i < worked_steps)
+    batch = demonstration_batch(ctx, chosen, spec.max_len, worked=i < worked_steps)
     params, opt_state, loss = step(params, opt_state, batch, *frozen)
   return params, float(loss)
 
