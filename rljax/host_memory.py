@@ -181,7 +181,8 @@ def release_after_long_compiles() -> None:
   The first call of a big program compiles it and then runs it: without this, the
   compiler's freed blocks stay resident beside the run's own peak. Measured on the
   Qwen2.5-0.5B GRPO worker (`benchmarks/real_shapes.py --parts grpo`): its peak fell
-  13,499 -> 12,571 MB with this and the update step's memory order
+  13,499 -> 12,571 MB in one run (13,919 in the next: benchmarks/README.md, "Session 7")
+  with this and the update step's memory order
   (`rljax.parallel.low_memory_compiler_options`), whose XLA temporaries fell 676 MB; the
   rest, about 250 MB, is this release. Short compilations (most of a test suite's) are
   left alone: they free little and a trim walks the whole heap.
