@@ -1,0 +1,53 @@
+"""The xla attention path's softmax: its backward against the softmax Jacobian written out in
+NumPy, and the one residual it keeps."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rljax.models.attention import masked_softmax, softmax_saving_output
+
+
+def _jacobian_vjp(x, dy):
+  """dx_i = Σ_j dy_j ∂y_j/∂x_i with ∂y_j/∂x_i = y_j (δ_ij − y_i), y = softmax(x), per row."""
+  z = np.exp(x - x.max(-1, keepdims=True))
+  y = z / z.sum(-1, keepdims=True)
+  jac = y[..., None, :] * (np.eye(x.shape[-1]) - y[..., :, None])   # [..., i, j]
+  return np.einsum("...ij,...j->...i", jac, dy)
+
+
+def test_backward_is_the_softmax_jacobian():
+  rng = np.random.default_rng(0)
+  x, dy = rng.normal(size=(3, 5, 7)) * 3, rng.normal(size=(3, 5, 7))
+  y, vjp = jax.vjp(softmax_saving_output, jnp.asarray(x, jnp.float32))
+  np.testing.assert_allclose(y, jax.nn.softmax(jnp.asarray(x, jnp.float32)), rtol=0, atol=0)
+  (dx,) = vjp(jnp.asarray(dy, jnp.float32))
+  np.testing.assert_allclose(dx, _jacobian_vjp(x, dy), rtol=1e-5, atol=1e-6)
+
+
+def test_masked_rows_get_no_gradient_and_a_fully_masked_row_stays_finite():
+  rng = np.random.default_rng(1)
+  x, w = rng.normal(size=(2, 4, 4)), rng.normal(size=(2, 4, 4))
+  mask = np.tril(np.ones((4, 4), bool))
+  mask[:, 0] = False                                     # row 0 sees no key at all
+  grad = jax.grad(lambda s: (masked_softmax(s, mask, jnp.float32) * w).sum())(
+      jnp.asarray(x, jnp.float32))
+  assert np.all(np.asarray(grad)[:, ~mask] == 0)
+  assert np.all(np.isfinite(grad))
+  x_visible = np.where(mask, x, -np.inf)[:, 1:]          # rows that see a key: the Jacobian
+  want = _jacobian_vjp(np.where(mask[1:], x[:, 1:], -1e30), w[:, 1:])
+  np.testing.assert_allclose(np.asarray(grad)[:, 1:], np.where(np.isfinite(x_visible), want, 0),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_attention_keeps_one_scores_sized_array_for_its_backward():
+  """P V's backward needs P; jax.nn.softmax's autodiff also keeps exp(x - max). With this
+  softmax P is the only [.., S, T] array kept (per layer of a model: one instead of two)."""
+  x, v = jnp.ones((2, 3, 6, 6)), jnp.ones((2, 3, 6, 4))
+
+  def kept(softmax):
+    vjp = jax.vjp(lambda s, v: softmax(s) @ v, x, v)[1]
+    return len({id(a) for a in jax.tree.leaves(vjp) if a.shape == x.shape})
+
+  assert kept(lambda s: jax.nn.softmax(s, axis=-1)) == 2
+  assert kept(softmax_saving_output) == 1
