@@ -482,7 +482,10 @@ def observed_per_step(steps: list[dict]) -> dict:
 def _print_step(side: str, i: int, r: dict) -> None:
   keys = ("generate", "update", "train", "old_logp", "total", "cpu_s", "sys_s")
   parts = " ".join(f"{k} {r[k]:.2f}s" for k in keys if k in r)
-  print(f"  {side:5s} step {i + 1}: {parts}", flush=True)
+  peaks = " ".join(f"{k[9:-3]} {r[k]:.0f}" for k in ("rss_peak_after_generate_mb",
+                                                    "rss_peak_after_update_mb") if k in r)
+  print(f"  {side:5s} step {i + 1}: {parts}" + (f" | peak RSS MB {peaks}" if peaks else ""),
+        flush=True)
 
 
 def summarise(runs: dict, warmup: int) -> dict:

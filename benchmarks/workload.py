@@ -359,14 +359,17 @@ class RljaxGRPO:
     t0 = time.perf_counter()
     rows = self.rollout(prompts, seed)
     t1 = time.perf_counter()
+    peak_after_generate = rss_peak_mb()
     seq, mb = self.minibatch(rows, seed)
     mb["old_logp"] = mb["ref_logp"] = jnp.zeros(rows["mask"].shape, jnp.float32)  # unused
     self.state, metrics = self.update_step(self.state, mb, jnp.asarray(True))
     float(metrics["loss"])
     t2 = time.perf_counter()
     self.last_minibatch = mb
+    # the process's high-water mark after each phase: which phase set the peak
     out = {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0,
-           "tokens": int(rows["mask"].sum())}
+           "tokens": int(rows["mask"].sum()), "rss_peak_after_generate_mb": peak_after_generate,
+           "rss_peak_after_update_mb": rss_peak_mb()}
     if time_recompute:
       jax.block_until_ready(self.fns.policy_stats(self.state.actor, seq))
       out["old_logp"] = time.perf_counter() - t2
