@@ -15,7 +15,16 @@ from flax import nnx
 from rljax.models.attention_chunked import chunked_attention
 from rljax.models.attention_kernels import AttentionMask, attend_blocks, resolve_attention
 from rljax.models.config import ModelConfig
-from rljax.models.layers import RMSNorm, apply_rope, dense, merged_weight, param, with_lora
+from rljax.models.layers import (
+  RMSNorm,
+  apply_rope,
+  dense,
+  dense_heads,
+  flat_rows,
+  merged_weight,
+  param,
+  with_lora,
+)
 
 
 class Attention(nnx.Module):
@@ -78,9 +87,12 @@ class Attention(nnx.Module):
     """
     dt = self.cfg.compute_dtype
     if fused is None:
-      q = with_lora(self, "q", x_bsd, _project_heads(x_bsd, self.q[...].astype(dt)))
-      k = with_lora(self, "k", x_bsd, _project_heads(x_bsd, self.k[...].astype(dt)))
-      v = with_lora(self, "v", x_bsd, _project_heads(x_bsd, self.v[...].astype(dt)))
+      # flattened once for the three: each its own reshape, autodiff kept three copies of
+      # the same [B·S, D] input for the backward (`rljax.models.layers.flat_rows`)
+      x_nd = flat_rows(x_bsd)
+      q, k, v = (with_lora(self, name, x_nd, _project_heads(x_nd, getattr(self, name)[...]
+                                                             .astype(dt)))
+                 .reshape(*x_bsd.shape[:-1], -1, self.cfg.head_dim) for name in "qkv")
       if self.cfg.attention_bias:
         q = q + self.q_bias[...].astype(dt)
         k = k + self.k_bias[...].astype(dt)
@@ -184,9 +196,9 @@ class Attention(nnx.Module):
     """The output projection (and bias) of the heads' outputs [B,S,H,Dh] -> [B,S,D]."""
     b, s, h, dh = out_bshe.shape
     dt = self.cfg.compute_dtype
-    o_hed = self.o[...].astype(dt)
-    out_bsf = out_bshe.reshape(b, s, h * dh)
-    y = with_lora(self, "o", out_bsf, dense(out_bsf, o_hed.reshape(h * dh, o_hed.shape[-1])))
+    out_nf = out_bshe.reshape(b * s, h * dh)
+    y = with_lora(self, "o", out_nf, dense_heads(out_nf, self.o[...].astype(dt)))
+    y = y.reshape(b, s, -1)
     if self.cfg.attention_out_bias:
       y = y + self.o_bias[...].astype(dt)
     return y
@@ -200,7 +212,7 @@ def _project_heads(x_bsd, w_dhe):
   transposed copy of the weight on every decode step.
   """
   d, h, dh = w_dhe.shape
-  return dense(x_bsd, w_dhe.reshape(d, h * dh)).reshape(*x_bsd.shape[:-1], h, dh)
+  return dense_heads(flat_rows(x_bsd), w_dhe).reshape(*x_bsd.shape[:-1], h, dh)
 
 
 def masked_softmax(scores, mask, dtype):

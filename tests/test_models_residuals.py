@@ -1,11 +1,16 @@
-"""The xla attention path's softmax: its backward against the softmax Jacobian written out in
-NumPy, and the one residual it keeps."""
+"""What the model keeps for its backward: the xla attention's softmax (its backward against the
+softmax Jacobian written out in NumPy, one kept array), the head projections (their weight
+itself, not a reshaped copy) and a block input feeding several projections (kept once)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from rljax.models import Decoder
 from rljax.models.attention import masked_softmax, softmax_saving_output
+from rljax.models.layers import dense_heads
+from rljax.models.testing import tiny_config
 
 
 def _jacobian_vjp(x, dy):
@@ -51,3 +56,34 @@ def test_attention_keeps_one_scores_sized_array_for_its_backward():
 
   assert kept(lambda s: jax.nn.softmax(s, axis=-1)) == 2
   assert kept(softmax_saving_output) == 1
+
+
+def test_dense_heads_values_and_gradients_from_the_equations():
+  rng = np.random.default_rng(3)
+  for w_shape in ((6, 2, 4), (2, 3, 6)):   # q/k/v [D, H, Dh] and o [H, Dh, D]
+    x, w = rng.normal(size=(5, 6)), rng.normal(size=w_shape)
+    w2 = w.reshape(6, -1)
+    g = rng.normal(size=(5, w2.shape[1]))
+    y, vjp = jax.vjp(dense_heads, jnp.asarray(x, jnp.float32), jnp.asarray(w, jnp.float32))
+    np.testing.assert_allclose(y, x @ w2, rtol=1e-5, atol=1e-5)
+    dx, dw = vjp(jnp.asarray(g, jnp.float32))
+    np.testing.assert_allclose(dx, g @ w2.T, rtol=1e-5, atol=1e-5)       # dL/dx = g Wᵀ
+    np.testing.assert_allclose(dw, (x.T @ g).reshape(w_shape), rtol=1e-5, atol=1e-5)
+
+
+def test_a_scanned_layer_keeps_its_input_once_and_no_weight_copy():
+  """vjp residuals of one scanned decoder forward: the [N, D] input of q/k/v and of
+  gate/up kept once per layer stack (not once per projection), and no stacked array shaped
+  like a head weight [L, D, H·Dh] (the weight is read from the parameter itself)."""
+  cfg = tiny_config().replace(attention="xla", scan_layers=True, hidden_size=48,
+                              intermediate_size=80)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  tokens = jnp.asarray(np.random.default_rng(4).integers(1, cfg.vocab_size, (2, 7)))
+  _, vjp = jax.vjp(lambda st: nnx.merge(graphdef, st)(tokens), state)
+  kept = [a for a in jax.tree.leaves(vjp) if hasattr(a, "shape")]
+  n, d, layers = 2 * 7, cfg.hidden_size, cfg.num_layers
+  q_width = cfg.num_heads * cfg.head_dim
+  inputs = [a for a in kept if a.shape == (layers, n, d)]
+  assert len(inputs) <= 2, [a.shape for a in kept]          # attention's and the MLP's
+  assert not [a for a in kept if a.shape in ((layers, d, q_width), (layers, q_width, d))]
