@@ -1,6 +1,7 @@
 """What the model keeps for its backward: the xla attention's softmax (its backward against the
-softmax Jacobian written out in NumPy, one kept array), the head projections (their weight
-itself, not a reshaped copy) and a block input feeding several projections (kept once)."""
+softmax Jacobian written out in NumPy, one kept array), RMSNorm (its backward against
+float64 NumPy, two kept arrays), the head projections (their weight itself, not a reshaped
+copy) and a block input feeding several projections (kept once)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from flax import nnx
 from rljax.models import Decoder
 from rljax.models.attention import masked_softmax, softmax_saving_output
 from rljax.models.layers import dense_heads
+from rljax.models.norm import rms_norm
 from rljax.models.testing import tiny_config
 
 
@@ -87,3 +89,31 @@ def test_a_scanned_layer_keeps_its_input_once_and_no_weight_copy():
   inputs = [a for a in kept if a.shape == (layers, n, d)]
   assert len(inputs) <= 2, [a.shape for a in kept]          # attention's and the MLP's
   assert not [a for a in kept if a.shape in ((layers, d, q_width), (layers, q_width, d))]
+
+
+def _rms_norm_grads(x, s, dy, eps):
+  """RMSNorm's gradients in float64, from y = x r s, r = (mean(x²) + ε)^(-1/2):
+  ∂r/∂x_i = -r³ x_i / D, so dx = r g - r³ x mean(g x) with g = dy s; ds = Σ_rows dy x r."""
+  r = 1 / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps)
+  g = dy * s
+  dx = r * g - r ** 3 * x * np.mean(g * x, -1, keepdims=True)
+  return dx, (dy * x * r).reshape(-1, x.shape[-1]).sum(0)
+
+
+def test_rms_norm_gradients_from_the_equations():
+  rng = np.random.default_rng(5)
+  x, s, dy = rng.normal(size=(2, 3, 8)) * 2, rng.normal(size=8), rng.normal(size=(2, 3, 8))
+  y, vjp = jax.vjp(lambda x, s: rms_norm(x, s, 1e-6), jnp.asarray(x, jnp.float32),
+                   jnp.asarray(s, jnp.float32))
+  r = 1 / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(y, x * r * s, rtol=1e-5, atol=1e-6)
+  dx, ds = vjp(jnp.asarray(dy, jnp.float32))
+  want_dx, want_ds = _rms_norm_grads(x, s, dy, 1e-6)
+  np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(ds, want_ds, rtol=1e-4, atol=1e-5)
+
+
+def test_rms_norm_keeps_its_input_and_the_inverse_root_mean_square():
+  x, s = jnp.ones((4, 8)), jnp.ones((8,))
+  kept = jax.tree.leaves(jax.vjp(lambda x, s: rms_norm(x, s, 1e-6), x, s)[1])
+  assert sorted(a.shape for a in kept if hasattr(a, "shape")) == [(4, 1), (4, 8), (8,)]

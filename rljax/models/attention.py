@@ -16,7 +16,6 @@ from rljax.models.attention_chunked import chunked_attention
 from rljax.models.attention_kernels import AttentionMask, attend_blocks, resolve_attention
 from rljax.models.config import ModelConfig
 from rljax.models.layers import (
-  RMSNorm,
   apply_rope,
   dense,
   dense_heads,
@@ -25,6 +24,7 @@ from rljax.models.layers import (
   param,
   with_lora,
 )
+from rljax.models.norm import RMSNorm
 
 
 class Attention(nnx.Module):

@@ -12,8 +12,9 @@ from flax import nnx
 from rljax.models.attention import Attention, write_cache
 from rljax.models.attention_kernels import AttentionMask
 from rljax.models.config import ModelConfig
-from rljax.models.layers import MLP, RMSNorm
+from rljax.models.layers import MLP
 from rljax.models.moe import MoEMLP
+from rljax.models.norm import RMSNorm
 
 
 class KVCache(NamedTuple):

@@ -11,8 +11,9 @@ from flax import nnx
 from rljax.models.attention_kernels import AttentionMask
 from rljax.models.block import DecoderLayer, KVCache
 from rljax.models.config import ModelConfig
-from rljax.models.layers import RMSNorm, param, rope_cos_sin
+from rljax.models.layers import param, rope_cos_sin
 from rljax.models.moe import Routing
+from rljax.models.norm import RMSNorm
 from rljax.models.stack import LayerStack, call_layer
 
 FEW_ROWS = 64   # `Decoder.few_row_logits` flips a tied lm head up to this many rows
@@ -106,11 +107,9 @@ class Decoder(nnx.Module):
     return self.logits_from_hidden(hidden), routing
 
   def embed_tokens(self, tokens_bs):
-    """Token embeddings [B,S,D] in the compute dtype.
-
-    Note: ids outside [0, V) are clipped (not NaN-filled, jnp.take's default), so a pad
-    id such as -1 under a zero attention mask cannot poison real positions with NaN.
-    """
+    """Token embeddings [B,S,D] in the compute dtype. Ids outside [0, V) are clipped (not
+    NaN-filled, jnp.take's default): a pad id such as -1 under a zero attention mask
+    cannot poison real positions with NaN."""
     return jnp.take(self.embed[...], tokens_bs, axis=0, mode="clip").astype(
         self.cfg.compute_dtype)
 

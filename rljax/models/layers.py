@@ -1,5 +1,6 @@
-"""Building blocks of the decoder: parameters, RMSNorm, RoPE, the projections (with LoRA),
-the SwiGLU MLP. Attention is in `rljax.models.attention`, the block in `rljax.models.decoder`.
+"""Building blocks of the decoder: parameters, RoPE, the projections (with LoRA),
+the SwiGLU MLP. RMSNorm is in `rljax.models.norm`, attention in `rljax.models.attention`,
+the block in `rljax.models.decoder`.
 
 Every parameter carries logical axis names in its `out_sharding` metadata
 ("vocab", "embed", "mlp", "heads", "kv_heads", "kv", "norm"); `rljax.parallel` maps
@@ -30,27 +31,6 @@ def param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
   else:
     value = jnp.zeros(shape, dtype)
   return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
-
-
-class RMSNorm(nnx.Module):
-  """Root-mean-square layer norm, y = x / sqrt(mean(x²) + ε) · g.
-
-  Zhang & Sennrich 2019, "Root Mean Square Layer Normalization", arXiv:1910.07467, Eq. 4.
-
-  Note: the statistics are computed in float32 whatever the compute dtype; the
-  normalised activations are cast back to the input dtype before the gain, as in
-  `transformers`' LlamaRMSNorm.
-  """
-
-  def __init__(self, dim: int, *, eps: float, rngs: nnx.Rngs, param_dtype=jnp.float32):
-    self.eps = eps
-    self.scale = param(rngs, (dim,), ("norm",), param_dtype, init="ones")
-
-  def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    y = (x32 * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
-    return y * self.scale[...].astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
