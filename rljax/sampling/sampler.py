@@ -94,16 +94,16 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   r = buckets.round_up(rows, batch_bucket, multiple_of=batch_shards(mesh) * group)
   w = buckets.round_up(width, prompt_bucket)
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
-  graphdef, split, made = split_for_sampling(model, sampler_dtype, layer_views=True)
-  spec, scalars_3 = spec_and_scalars(sampling, pad_id, group)
   streams_r2 = default_streams(r, n) if streams is None else jnp.concatenate(
       [jnp.asarray(streams, jnp.int32), default_streams(r, n)[rows:]])
-  tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, split)
   if mesh is not None:
+    graphdef, state = nnx.split(model)
+    tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
+    model = nnx.merge(graphdef, state)
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
-  out = buckets.call_releasing(_decode_jit, graphdef, state, tokens_rw, mask_rw, streams_r2, rng,
-                               scalars_3, spec=spec, mesh=mesh)
-  drop_sampling_copies(made, out)
+  out = generate_rows(model, tokens_rw, mask_rw, sampling=sampling, rng=rng, pad_id=pad_id,
+                      sampler_dtype=sampler_dtype, share_prefill=share_prefill,
+                      streams=streams_r2, mesh=mesh)
   if r != rows:   # drop the bucket's padding rows (a dispatch per field, so only if any)
     out = jax.tree.map(lambda x: x[:rows], out)
   return Rollout(
