@@ -150,10 +150,7 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
   n = sampling.n
   slots = decode_slots(int(slots), b * n, shards)
   tokens_rw, mask_rw = np.repeat(tokens_bw, n, 0), np.repeat(mask_bw, n, 0)
-  if mesh is not None:
-    graphdef, state = nnx.split(model)
-    tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
-    model = nnx.merge(graphdef, state)
+  tokens_rw, mask_rw, model = place_rows(mesh, tokens_rw, mask_rw, model)
   out = continuous_rows(model, tokens_rw, mask_rw,
                         sampling=sampling, rng=rng, slots=slots, num_rows=b * n,
                         share_prefill=share_prefill, pad_id=pad_id,

@@ -122,15 +122,17 @@ def _batch_sharding(mesh):
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axes or None))
 
 
-def place_rows(mesh, tokens_rw, mask_rw, state):
-  """Puts rows on the mesh's batch axes; parameters not yet on the mesh get the shardings of
-  their logical axes (`rljax.parallel.state_shardings`)."""
+def place_rows(mesh, tokens_rw, mask_rw, model):
+  """Puts rows on the mesh's batch axes; a model whose parameters are not yet on the mesh
+  comes back as a model whose parameters have the shardings of their logical axes
+  (`rljax.parallel.state_shardings`)."""
   if mesh is None:
-    return tokens_rw, mask_rw, state
+    return tokens_rw, mask_rw, model
   rows = _batch_sharding(mesh)
   tokens_rw, mask_rw = jax.device_put(tokens_rw, rows), jax.device_put(mask_rw, rows)
+  graphdef, state = nnx.split(model)
   on_mesh = all(isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
                 and x.sharding.mesh == mesh for x in jax.tree.leaves(state))
   if not on_mesh:
-    state = jax.device_put(state, state_shardings(state, mesh))
-  return tokens_rw, mask_rw, state
+    model = nnx.merge(graphdef, jax.device_put(state, state_shardings(state, mesh)))
+  return tokens_rw, mask_rw, model

@@ -96,10 +96,8 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   tokens_rw, mask_rw = buckets.pad_prompts(tokens_bp, mask_bp, rows=r, width=w, pad_id=pad_id)
   streams_r2 = default_streams(r, n) if streams is None else jnp.concatenate(
       [jnp.asarray(streams, jnp.int32), default_streams(r, n)[rows:]])
+  tokens_rw, mask_rw, model = place_rows(mesh, tokens_rw, mask_rw, model)
   if mesh is not None:
-    graphdef, state = nnx.split(model)
-    tokens_rw, mask_rw, state = place_rows(mesh, tokens_rw, mask_rw, state)
-    model = nnx.merge(graphdef, state)
     streams_r2 = jax.device_put(streams_r2, tokens_rw.sharding)
   out = generate_rows(model, tokens_rw, mask_rw, sampling=sampling, rng=rng, pad_id=pad_id,
                       sampler_dtype=sampler_dtype, share_prefill=share_prefill,
