@@ -13,10 +13,10 @@ from rljax.parallel import make_mesh, replicated_fraction, shard_model
 from rljax.sampling import (
   SamplingParams,
   compile_count,
-  decode,
   generate,
   prepare,
   sampler,
+  segments,
   truncated_log_softmax,
 )
 
@@ -119,21 +119,48 @@ def test_a_longer_run_extends_the_shorter_one(model, rollout):
 
 
 def test_segment_ends_cover_every_step_once():
-  assert decode.segment_ends(96) == [25, 49, 73, 96]
-  assert decode.segment_ends(96, max_segments=1) == [96]
-  assert decode.segment_ends(20) == [20]            # too short to split
+  assert segments.segment_ends(96) == [25, 49, 73, 96]
+  assert segments.segment_ends(96, max_segments=1) == [96]
+  assert segments.segment_ends(20) == [20]            # too short to split
   for t_max in (1, 2, 17, 33, 100, 513):
-    ends = decode.segment_ends(t_max)
+    ends = segments.segment_ends(t_max)
     assert ends[-1] == max(t_max, 1) and ends == sorted(set(ends)) and len(ends) <= 4
+
+
+def test_segments_only_where_the_shorter_caches_save_reads():
+  """Each segment is another copy of the decode body; `segment_count` keeps them where they
+  save >= MIN_SEGMENT_SAVING of the decode steps' reads, here summed step by step."""
+  def saving(weights, slot, p, t_max):
+    ends = segments.segment_ends(t_max)
+    window = lambda t: p + next(end for end in ends if end > t) - 1   # t's segment
+    segmented = sum(weights + slot * window(t) for t in range(1, t_max))
+    return 1 - segmented / ((t_max - 1) * (weights + slot * (p + t_max - 1)))
+
+  qwen05b, slot_b8 = 494_032_768 * 4, 24 * 2 * 8 * 2 * 64 * 4   # float32; K/V of 24 layers
+  assert saving(qwen05b, slot_b8, 64, 128) < 0.01
+  assert segments.segment_count(qwen05b, slot_b8, 64, 128) == 1
+  assert saving(qwen05b, 8 * slot_b8, 64, 1024) > 0.1       # batch 64, 1k tokens
+  assert segments.segment_count(qwen05b, 8 * slot_b8, 64, 1024) == segments.MAX_SEGMENTS
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    weights, slot = int(10 ** rng.uniform(4, 9)), int(10 ** rng.uniform(2, 6))
+    p, t_max = int(rng.integers(1, 300)), int(rng.integers(2, 600))
+    want = (len(segments.segment_ends(t_max)) if saving(weights, slot, p, t_max)
+            >= segments.MIN_SEGMENT_SAVING else 1)
+    assert segments.segment_count(weights, slot, p, t_max) == want, (weights, slot, p, t_max)
+  assert segments.segment_count(10, 10**6, 8, 1) == 1      # one token: no decode step
 
 
 def test_segmented_decode_equals_one_loop_and_teacher_forcing(model, monkeypatch):
   """Decoding in while_loops over growing caches changes nothing but the cost."""
   tokens, mask = _prompts([3, 7, 1, 5], width=7, seed=4)
   sp = SAMPLING.replace(max_new_tokens=40, stop_tokens=(5,))
-  assert len(decode.segment_ends(40, max_segments=decode.MAX_SEGMENTS)) == 2
+  assert len(segments.segment_ends(40, max_segments=segments.MAX_SEGMENTS)) == 2
+  weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
+  slot_bytes = CFG.num_layers * 2 * 4 * CFG.num_kv_heads * CFG.head_dim * 4   # 4 rows, f32
+  assert segments.segment_count(weight_bytes, slot_bytes, 7, 40) == 2   # this model segments
   seg = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
-  monkeypatch.setattr(decode, "MAX_SEGMENTS", 1)
+  monkeypatch.setattr(segments, "MAX_SEGMENTS", 1)
   sampler._decode_jit.clear_cache()          # MAX_SEGMENTS is read when tracing
   one = generate(model, tokens, mask, sampling=sp, rng=jax.random.key(2), pad_id=PAD)
   sampler._decode_jit.clear_cache()

@@ -17,11 +17,13 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rljax.models import positions_from_mask
 from rljax.models.moe import compact_routes, no_route, route_dtype
 from rljax.sampling.filters import sample_tokens
 from rljax.sampling.params import SamplingParams
+from rljax.sampling.segments import segment_count, segment_ends
 from rljax.sampling.streams import stream_uniforms
 
 
@@ -219,7 +221,10 @@ def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_l
   carry = (jnp.int32(1), tok_r, cache, out)
   more = ((lambda c: True) if live_limit is None
           else (lambda c: jnp.sum(c[3].truncated) > live_limit))
-  for t_end in segment_ends(t_max, max_segments=MAX_SEGMENTS):
+  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
+  slot_bytes = sum(x.size * x.dtype.itemsize for x in (*cache.k, *cache.v)) // cache.max_len
+  count = segment_count(weight_bytes, slot_bytes, p, t_max)
+  for t_end in segment_ends(t_max, max_segments=count):
     # Steps t < t_end write slot p + t - 1 and attend slots [0, p + t): a cache of
     # p + t_end - 1 slots suffices, so early segments read a shorter cache.
     t, tok_r, cache, out = carry
@@ -230,24 +235,6 @@ def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_l
     carry = jax.lax.while_loop(
         lambda c, t_end=t_end: (c[0] < t_end) & jnp.any(c[3].truncated) & more(c), body, carry)
   return carry
-
-
-# Decode in up to MAX_SEGMENTS while_loops over growing KV caches. Attention reads the
-# whole cache every step, so early segments with shorter caches are cheaper: measured
-# 10 % (batch 8) to 20 % (batch 64) faster decode on the benchmark model, for ~1.3 s more
-# compile time (each segment is another copy of the decode body).
-MAX_SEGMENTS = 4
-
-
-def segment_ends(t_max: int, *, max_segments: int = 4, min_length: int = 16) -> list[int]:
-  """Exclusive ends of the decode segments over steps 1..t_max-1 (equal lengths).
-
-  Each segment is one `while_loop` over a KV cache just long enough for its last step,
-  so attention (which reads the whole cache every step) costs ~(P + T/2)/(P + T) less
-  on average; every segment is another copy of the decode body to compile, hence the cap.
-  """
-  count = max(1, min(max_segments, (t_max - 1) // min_length))
-  return [1 + -(-(t_max - 1) * (i + 1) // count) for i in range(count)]
 
 
 def decode_step(model, step, spec: DecodeSpec, prompt_len_r, p: int, kv_mask_rw, fused, carry):
