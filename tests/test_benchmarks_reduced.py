@@ -205,3 +205,16 @@ def test_scan_layers_decode():
   assert (r["reduced"], r["batch"], r["devices"], r["reps"]) == (True, 4, 1, 3)
   assert r["rljax"] > 0 and r["peer"] > 0 and r["ratio"] > 0
   assert r["scanned_ms"] == pytest.approx(1e3 * r["rljax"], abs=0.06)
+
+
+def test_decode_segments():
+  out = run_bench("decode_segments.py", "--reduced")
+  for sampler in ("static", "continuous"):
+    r = out[f"decode_seconds_{sampler}"]
+    assert (r["batch"], r["prompt_len"], r["new_tokens"], r["stop_tokens"], r["reps"],
+            r["rounds"], r["reduced"]) == (2, 8, 32, 4, 1, 1, True)
+    assert _close(r["ratio"], r["peer"] / r["rljax"])
+    # 31 decode steps are too few to split (`segment_ends`): one loop either way
+    assert r["segments_rule"] == r["segments_always"] == 1
+    assert r["same_lengths"] and 1 <= r["length_mean"] <= r["length_max"] <= 32
+    assert set(r["rss_mb"]) == set(r["compile_s"]) == {"rule", "always"}

@@ -23,7 +23,7 @@ from rljax.models import positions_from_mask
 from rljax.models.moe import compact_routes, no_route, route_dtype
 from rljax.sampling.filters import sample_tokens
 from rljax.sampling.params import SamplingParams
-from rljax.sampling.segments import segment_count, segment_ends
+from rljax.sampling.segments import array_bytes, segment_count, segment_ends
 from rljax.sampling.streams import stream_uniforms
 
 
@@ -221,9 +221,8 @@ def decode_segments(model, tokens_rp, mask_rp, step, spec: DecodeSpec, *, live_l
   carry = (jnp.int32(1), tok_r, cache, out)
   more = ((lambda c: True) if live_limit is None
           else (lambda c: jnp.sum(c[3].truncated) > live_limit))
-  weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(model)))
-  slot_bytes = sum(x.size * x.dtype.itemsize for x in (*cache.k, *cache.v)) // cache.max_len
-  count = segment_count(weight_bytes, slot_bytes, p, t_max)
+  slot_bytes = array_bytes(cache) // cache.max_len
+  count = segment_count(array_bytes(nnx.state(model)), slot_bytes, p, t_max)
   for t_end in segment_ends(t_max, max_segments=count):
     # Steps t < t_end write slot p + t - 1 and attend slots [0, p + t): a cache of
     # p + t_end - 1 slots suffices, so early segments read a shorter cache.

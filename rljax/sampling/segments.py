@@ -1,18 +1,26 @@
 """How the static sampler's decode loop is cut into segments over growing KV caches
 (`rljax.sampling.decode.decode_segments`): where the segments end, and how many pay for
-themselves."""
+themselves (each is another copy of the decode step in the compiled program)."""
 
 from __future__ import annotations
+
+import jax
 
 # Up to MAX_SEGMENTS while_loops over growing KV caches: attention reads the whole cache
 # every step, so early segments with shorter caches are cheaper (10 % faster decode at batch
 # 8, 20 % at batch 64 on the benchmark's small model). Each is another copy of the decode
 # body in the program: at Qwen2.5-0.5B's shapes (batch 8 x 128 tokens) one loop instead of
-# four compiled in 2.9 s instead of 5.6 and left 98 MB less resident, and decoded 2.2 %
-# slower on this CPU (benchmarks/README.md, "Session 9"), where the byte count below says
-# 0.5 %: CPU attention costs more per byte than streaming the weights.
+# four compiled in ~3 s less and left ~95 MB less resident, and the static sampler decoded
+# ~2 % slower (the byte count below says 0.5 %: CPU attention costs more per byte than
+# streaming the weights), the continuous one no slower (benchmarks/decode_segments.py;
+# benchmarks/README.md, "Session 9").
 MAX_SEGMENTS = 4
 MIN_SEGMENT_SAVING = 0.02
+
+
+def array_bytes(tree) -> int:
+  """Bytes of the arrays (or abstract arrays) in `tree`."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def segment_count(weight_bytes: int, slot_bytes: int, p: int, t_max: int) -> int:
@@ -42,3 +50,4 @@ def segment_ends(t_max: int, *, max_segments: int = 4, min_length: int = 16) -> 
   """
   count = max(1, min(max_segments, (t_max - 1) // min_length))
   return [1 + -(-(t_max - 1) * (i + 1) // count) for i in range(count)]
+
