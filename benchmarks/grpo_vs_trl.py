@@ -484,8 +484,10 @@ def _print_step(side: str, i: int, r: dict) -> None:
   parts = " ".join(f"{k} {r[k]:.2f}s" for k in keys if k in r)
   peaks = " ".join(f"{k[9:-3]} {r[k]:.0f}" for k in ("rss_peak_after_generate_mb",
                                                     "rss_peak_after_update_mb") if k in r)
-  print(f"  {side:5s} step {i + 1}: {parts}" + (f" | peak RSS MB {peaks}" if peaks else ""),
-        flush=True)
+  moved = (f" | update copied {r['params_moved']} of {r['params']} parameter arrays"
+           if r.get("params_moved") else "")
+  print(f"  {side:5s} step {i + 1}: {parts}" + (f" | peak RSS MB {peaks}" if peaks else "")
+        + moved, flush=True)
 
 
 def summarise(runs: dict, warmup: int) -> dict:

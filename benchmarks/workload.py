@@ -232,6 +232,12 @@ def weight_stream_gbps(rows: int = 8, k: int = 896, n: int = 151_936, warm: int 
 
 
 # ----------------------------------------------------------------------------- rljax
+def _buffer_pointers(tree) -> list[int]:
+  """Where each array of `tree` (its first shard) lives."""
+  import jax
+  return [x.addressable_shards[0].data.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)]
+
+
 class RljaxGRPO:
   """The trainer's pieces for one GRPO iteration on fixed shapes (no task, no tokenizer)."""
 
@@ -362,14 +368,18 @@ class RljaxGRPO:
     peak_after_generate = rss_peak_mb()
     seq, mb = self.minibatch(rows, seed)
     mb["old_logp"] = mb["ref_logp"] = jnp.zeros(rows["mask"].shape, jnp.float32)  # unused
+    before = _buffer_pointers(self.state.actor)
     self.state, metrics = self.update_step(self.state, mb, jnp.asarray(True))
     float(metrics["loss"])
     t2 = time.perf_counter()
+    # parameters the donating update wrote elsewhere: a copy, e.g. while a hold on them lives
+    moved = sum(a != b for a, b in zip(before, _buffer_pointers(self.state.actor)))
     self.last_minibatch = mb
     # the process's high-water mark after each phase: which phase set the peak
     out = {"generate": t1 - t0, "update": t2 - t1, "total": t2 - t0,
            "tokens": int(rows["mask"].sum()), "rss_peak_after_generate_mb": peak_after_generate,
-           "rss_peak_after_update_mb": rss_peak_mb()}
+           "rss_peak_after_update_mb": rss_peak_mb(), "params_moved": moved,
+           "params": len(before)}
     if time_recompute:
       jax.block_until_ready(self.fns.policy_stats(self.state.actor, seq))
       out["old_logp"] = time.perf_counter() - t2

@@ -6,6 +6,7 @@ layout). `rljax.models.stack` re-exports the public names.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 
 import jax
@@ -138,7 +139,7 @@ def per_layer_layout(tree):
   return _map_layer_lists(tree, _unstack_groups)
 
 
-def _layer_views(x) -> list | None:
+def _layer_views(x, hosts: list | None = None) -> list | None:
   """The slices of array `x` along its leading axis as arrays that share its memory, or
   None where they cannot: `x` on CPU devices (each a whole copy of the leading axis), in a
   dtype NumPy can view (bfloat16 cannot). The views hold a reference to `x`'s buffers:
@@ -146,7 +147,8 @@ def _layer_views(x) -> list | None:
 
   An abstract `x` (a `jax.ShapeDtypeStruct`, e.g. from `nnx.eval_shape`) gets the abstract
   slices an array of its dtype on the default device would get: a program compiled for
-  them is the one the views of the concrete array run (`rljax.sampling.precompile`)."""
+  them is the one the views of the concrete array run (`rljax.sampling.precompile`).
+  `hosts` gets a weak reference to each NumPy array that holds that reference."""
   if isinstance(x, jax.ShapeDtypeStruct):
     probe = jnp.zeros((1,), x.dtype)   # on the default device, where `x` will be
     if x.ndim == 0 or x.sharding is not None or _layer_views(probe) is None:
@@ -158,19 +160,24 @@ def _layer_views(x) -> list | None:
   if any(s.device.platform != "cpu" or s.data.shape[0] != x.shape[0] for s in shards):
     return None
   try:
-    hosts = [np.from_dlpack(s.data) for s in shards]
+    host_arrays = [np.from_dlpack(s.data) for s in shards]
   except (BufferError, TypeError, RuntimeError):
     return None
+  if hosts is not None:
+    hosts.extend(weakref.ref(h) for h in host_arrays)
   sharding = _drop_axis(x.sharding)
   return [jax.make_array_from_single_device_arrays(
               x.shape[1:], sharding,
-              [jax.device_put(h[j], s.device, may_alias=True) for h, s in zip(hosts, shards)])
+              [jax.device_put(h[j], s.device, may_alias=True)
+               for h, s in zip(host_arrays, shards)])
           for j in range(x.shape[0])]
 
 
-def per_layer_views(tree):
+def per_layer_views(tree, hosts: list | None = None):
   """`per_layer_layout(tree)` whose layers share the stacked arrays' memory (no copy), or
   None when a stacked array cannot be viewed (`_layer_views`: not on the CPU, bfloat16).
+  `hosts`: gets weak references to the host arrays holding the stacked buffers while the
+  views live (`rljax.sampling.prepare.drop_sampling_copies` waits for them to go).
 
   For a program that reads each layer's parameters as its own argument: XLA CPU copies a
   slice of a stacked argument before a matmul reads it (every layer's, for a loop whose
@@ -187,7 +194,7 @@ def per_layer_views(tree):
       leaves, treedef = jax.tree.flatten(group[STACK_KEY], is_leaf=is_variable)
       views = []
       for leaf in leaves:
-        value = _layer_views(leaf.get_raw_value() if is_variable(leaf) else leaf)
+        value = _layer_views(leaf.get_raw_value() if is_variable(leaf) else leaf, hosts)
         failed.extend([leaf] if value is None else [])
         views.append(value)
       if failed:

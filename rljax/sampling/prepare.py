@@ -5,6 +5,10 @@ rows and parameters on the mesh. Shared by `sampler`, `continuous` and `multitur
 from __future__ import annotations
 
 import functools
+import gc
+import logging
+import time
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -34,7 +38,8 @@ def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
 
 class SamplingSplit(NamedTuple):
   """`split_for_sampling`'s result: the graph and state a sampler program takes, and the
-  arrays of that state the split made (views, cast copies), which the model does not own."""
+  arrays of that state the split made (views, cast copies), which the model does not own,
+  with weak references to the host arrays the views read through."""
   graphdef: nnx.GraphDef
   state: nnx.State
   made: list
@@ -54,10 +59,10 @@ def split_for_sampling(model: nnx.Module, sampler_dtype, *,
   update step that donates the stacked parameters copies them instead.
   """
   graphdef, own_state = nnx.split(model)
-  state = own_state
+  state, hosts = own_state, []
   if sampler_dtype is None:
     if layer_views:
-      graphdef, state = _per_layer_views(model, graphdef, own_state)
+      graphdef, state, hosts = _per_layer_views(model, graphdef, own_state)
   else:
     dtype = jnp.dtype(sampler_dtype)
     state = jax.tree.map(functools.partial(_cast_floating, dtype=dtype), own_state)
@@ -67,7 +72,7 @@ def split_for_sampling(model: nnx.Module, sampler_dtype, *,
                                                         param_dtype=dtype.name))
   own = {id(x) for x in jax.tree.leaves(own_state)}
   made = [x for x in jax.tree.leaves(state) if isinstance(x, jax.Array) and id(x) not in own]
-  return SamplingSplit(graphdef, state, made)
+  return SamplingSplit(graphdef, state, made + hosts)
 
 
 def drop_sampling_copies(made: list, out) -> None:
@@ -75,15 +80,35 @@ def drop_sampling_copies(made: list, out) -> None:
   of scanned parameters, cast copies), once the call's outputs `out` are ready. Not arrays
   placed from them: `jax.device_put` may alias.
 
-  A view holds a reference to the stacked parameters' buffers: until it is gone, an update
-  step that donates them copies them instead (Qwen2.5-0.5B: 1.4 GB more at the next
-  update's peak, in some iterations and not others: when Python dropped the views was not
-  up to this code). Deleting them here makes it every time.
+  A view holds a reference to the stacked parameters' buffers, through a host array:
+  until that is gone, an update step that donates them copies them instead (Qwen2.5-0.5B:
+  1.4 GB more at that update's peak). Deleting a view drops it on a runtime thread, and
+  JAX applies such releases to Python objects at its next garbage collection (its
+  `gc.callbacks` hook): after some calls the host arrays lived on until then, so some
+  updates copied and others did not (the toy GRPO benchmark: 1 step in 41, 8 of its 15
+  parameter arrays; `benchmarks/README.md`, "Session 9"). This waits until they are gone (`SamplingSplit.made`
+  holds weak references to them), running a young-generation collection between polls.
   """
-  if made:
-    jax.block_until_ready(out)
-    for x in made:
+  if not made:
+    return
+  jax.block_until_ready(out)
+  hosts = [x for x in made if isinstance(x, weakref.ref)]
+  for x in made:
+    if isinstance(x, jax.Array):
       x.delete()
+  deadline = time.monotonic() + RELEASE_TIMEOUT_SECONDS
+  while any(h() is not None for h in hosts):
+    if time.monotonic() > deadline:
+      logging.warning("drop_sampling_copies: %d host arrays of per-layer views still alive "
+                      "after %.0f s: the next donating update may copy the stacked "
+                      "parameters", sum(h() is not None for h in hosts),
+                      RELEASE_TIMEOUT_SECONDS)
+      return
+    gc.collect(0)   # runs JAX's callback, which applies the releases its threads queued
+    time.sleep(0.0005)
+
+
+RELEASE_TIMEOUT_SECONDS = 5.0
 
 
 def _cast_floating(x, dtype):
@@ -97,17 +122,18 @@ def _cast_floating(x, dtype):
 def _per_layer_views(model, graphdef, state):
   cfg = getattr(model, "cfg", None)
   if not getattr(cfg, "scan_layers", False) or not hasattr(cfg, "replace"):
-    return graphdef, state
-  views = per_layer_views(state)
+    return graphdef, state, []
+  hosts = []
+  views = per_layer_views(state, hosts)
   if views is None:
-    return graphdef, state
+    return graphdef, state, []
   per_layer = _graphdef_for(type(model), cfg.replace(scan_layers=False))
   try:   # e.g. LoRA adapters, which the config does not describe: as it is
     same = jax.tree.structure(nnx.state(nnx.merge(per_layer, views))) == jax.tree.structure(
         views)
   except (ValueError, KeyError, TypeError):
     same = False
-  return (per_layer, views) if same else (graphdef, state)
+  return (per_layer, views, hosts) if same else (graphdef, state, [])
 
 
 @functools.lru_cache(maxsize=32)
