@@ -167,7 +167,7 @@ def fused_weights(model) -> dict:
   if not hasattr(model, "fused_weights"):
     return {}
   shapes = jax.eval_shape(lambda: [weights for weights, _ in model.fused_weights()])
-  if sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)) > FUSE_MAX_BYTES:
+  if array_bytes(shapes) > FUSE_MAX_BYTES:
     return {}
   return {"fused": model.fused_weights()}
 

@@ -75,6 +75,9 @@ def split_for_sampling(model: nnx.Module, sampler_dtype, *,
   return SamplingSplit(graphdef, state, made + hosts)
 
 
+RELEASE_TIMEOUT_SECONDS = 5.0   # `drop_sampling_copies` warns after waiting this long
+
+
 def drop_sampling_copies(made: list, out) -> None:
   """Deletes the arrays a `split_for_sampling` made (`SamplingSplit.made`: per-layer views
   of scanned parameters, cast copies), once the call's outputs `out` are ready. Not arrays
@@ -86,8 +89,9 @@ def drop_sampling_copies(made: list, out) -> None:
   JAX applies such releases to Python objects at its next garbage collection (its
   `gc.callbacks` hook): after some calls the host arrays lived on until then, so some
   updates copied and others did not (the toy GRPO benchmark: 1 step in 41, 8 of its 15
-  parameter arrays; `benchmarks/README.md`, "Session 9"). This waits until they are gone (`SamplingSplit.made`
-  holds weak references to them), running a young-generation collection between polls.
+  parameter arrays; `benchmarks/README.md`, "Session 9"). This waits until they are gone
+  (`SamplingSplit.made` holds weak references to them), running a young-generation
+  collection between polls.
   """
   if not made:
     return
@@ -107,8 +111,6 @@ def drop_sampling_copies(made: list, out) -> None:
     gc.collect(0)   # runs JAX's callback, which applies the releases its threads queued
     time.sleep(0.0005)
 
-
-RELEASE_TIMEOUT_SECONDS = 5.0
 
 
 def _cast_floating(x, dtype):
