@@ -88,7 +88,9 @@ BATCHING = ("static", "halving", "continuous")
 SAMPLER_SCALING = ("data_parallel", "linear")
 UPDATE_LAYOUTS = ("padded", "packed")
 STALENESS = (0, 1, 2, 4)
-DRAIN_LEVELS = 4   # slot halvings of rljax's continuous sampler (rljax.sampling.slot_loop)
+# slot halvings of the "halving" batching, down to one slot (rljax's continuous sampler
+# stops at rljax.sampling.slot_loop.MIN_DRAIN_SLOTS slots: this charges it a little less)
+DRAIN_LEVELS = 4
 
 
 @dataclasses.dataclass(frozen=True)

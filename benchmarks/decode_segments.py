@@ -1,9 +1,13 @@
 """Decode segments as `rljax.sampling.segments.segment_count` picks them vs always
-`MAX_SEGMENTS`: call time, peak RSS and compile time of rljax's samplers.
+`MAX_SEGMENTS` (`--compare segments`), or the continuous sampler's drain levels down to
+`MIN_DRAIN_SLOTS` vs down to one slot (`--compare drain`): call time, peak RSS and compile
+time of rljax's samplers.
 
 The static sampler decodes in up to 4 `while_loop`s over growing KV caches, each another
 copy of the decode step in the compiled program; `segment_count` keeps them only where the
-shorter caches save >= `MIN_SEGMENT_SAVING` of the decode steps' reads. At Qwen2.5-0.5B's
+shorter caches save >= `MIN_SEGMENT_SAVING` of the decode steps' reads. The continuous
+sampler's drain levels (`rljax.sampling.slot_loop.drain_sizes`) are copies too; it stops
+halving at `MIN_DRAIN_SLOTS` slots. At Qwen2.5-0.5B's
 shapes (the default: random weights of its architecture, built with transformers and saved
 as safetensors, or `--model-dir` of such a checkpoint) it picks one loop. This measures what
 that choice costs and saves, with rows that stop apart (`--stop-tokens` random ids end a
@@ -11,15 +15,17 @@ completion; 0: every row runs to `--new-tokens`).
 
 Each (sampler, choice) runs in its own worker process (its own peak RSS, `ru_maxrss`):
 `precompile` on the abstract model, `load_hf`, one untimed call, `--reps` timed calls.
-`--rounds` rounds alternate the order of the two choices. The forced choice sets
-`MIN_SEGMENT_SAVING = 0` (every saving pays). Figures depend on the CPU's memory bandwidth
+`--rounds` rounds alternate the order of the two choices. The other choice sets
+`MIN_SEGMENT_SAVING = 0` (every saving pays) or `MIN_DRAIN_SLOTS = 1`. Workers run on
+XLA's CPU backend only (`JAX_PLATFORMS=cpu`: an installed libtpu would add ~95 MB each). Figures depend on the CPU's memory bandwidth
 (a decode step streams the weights) and on the load: compare within one run.
 
     python benchmarks/decode_segments.py [--model-dir DIR] [--stop-tokens 2500] [--reps 5]
+        [--compare segments|drain]
     python benchmarks/decode_segments.py --reduced   # seconds: CI's run (measures nothing)
 
 One RESULT line per sampler: {"metric": "decode_seconds_<sampler>", "rljax": <the rule's
-median s>, "peer": <always 4 segments' median s>, "ratio": peer / rljax, ...}.
+median s>, "peer": <the other choice's median s>, "ratio": peer / rljax, "compare", ...}.
 """
 
 from __future__ import annotations
@@ -47,11 +53,13 @@ def worker(spec: dict) -> None:
   from workload import rss_peak_mb
 
   from rljax.models import abstract_hf, load_hf
-  from rljax.sampling import SamplingParams, decode, generate, precompile, segments
+  from rljax.sampling import SamplingParams, decode, generate, precompile, segments, slot_loop
   from rljax.sampling.continuous import generate_continuous
 
-  if spec["choice"] == "always":
+  if spec["choice"] == "always" and spec["compare"] == "segments":
     segments.MIN_SEGMENT_SAVING = 0.0
+  elif spec["choice"] == "always":
+    slot_loop.MIN_DRAIN_SLOTS = 1
   abstract, cfg = abstract_hf(spec["model_dir"])
   rng = np.random.default_rng(1)
   tokens = rng.integers(3, cfg.vocab_size, (spec["batch"], spec["prompt_len"])).astype(np.int32)
@@ -61,6 +69,8 @@ def worker(spec: dict) -> None:
   counts = []
   real_count = decode.segment_count
   decode.segment_count = lambda *a: counts.append(real_count(*a)) or counts[-1]
+  drains, real_drain = [], slot_loop.drain_sizes
+  slot_loop.drain_sizes = lambda *a, **k: drains.append(real_drain(*a, **k)) or drains[-1]
   if spec["sampler"] == "static":
     call = lambda m, seed: generate(m, tokens, mask, sampling=sampling,  # noqa: E731
                                     rng=jax.random.key(seed))
@@ -80,12 +90,14 @@ def worker(spec: dict) -> None:
     times.append(time.perf_counter() - t0)
     lengths += np.asarray(out.mask).sum(1).tolist()
   print("WORKER " + json.dumps({"times": times, "lengths": lengths, "segments": counts[0],
+                                "drain_sizes": drains[0] if drains else None,
                                 "rss_mb": rss_peak_mb(), "compile_s": compile_s}), flush=True)
 
 
 def _run_worker(spec: dict) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
-                         json.dumps(spec)], capture_output=True, text=True)
+                         json.dumps(spec)], capture_output=True, text=True, env=env)
   lines = [x for x in proc.stdout.splitlines() if x.startswith("WORKER ")]
   if proc.returncode or not lines:
     raise SystemExit(f"worker {spec['sampler']} / {spec['choice']} failed:\n"
@@ -112,6 +124,8 @@ def main():
   ap.add_argument("--model-dir", default="", help="a Hugging Face Qwen2/Llama checkpoint")
   ap.add_argument("--samplers", default="static,continuous")
   ap.add_argument("--stop-tokens", type=int, default=2500)
+  ap.add_argument("--compare", choices=["segments", "drain"], default="segments",
+                  help="always MAX_SEGMENTS segments, or drain levels down to one slot")
   ap.add_argument("--reps", type=int, default=5)
   ap.add_argument("--rounds", type=int, default=2)
   ap.add_argument("--reduced", action="store_true",
@@ -132,7 +146,7 @@ def main():
       for sampler in args.samplers.split(","):
         for choice in (CHOICES if r % 2 == 0 else CHOICES[::-1]):
           spec = dict(shape, model_dir=model_dir, sampler=sampler, choice=choice,
-                      stop_tokens=args.stop_tokens, reps=args.reps)
+                      stop_tokens=args.stop_tokens, reps=args.reps, compare=args.compare)
           runs.setdefault((sampler, choice), []).append(_run_worker(spec))
   for sampler in args.samplers.split(","):
     got = {c: runs[(sampler, c)] for c in CHOICES}
@@ -141,7 +155,9 @@ def main():
     result = {
         "metric": f"decode_seconds_{sampler}", "rljax": sig(median["rule"]),
         "peer": sig(median["always"]), "ratio": sig(median["always"] / median["rule"]),
+        "compare": args.compare,
         "segments_rule": got["rule"][0]["segments"], "segments_always": got["always"][0]["segments"],
+        "drain_sizes": {c: got[c][0]["drain_sizes"] for c in CHOICES},
         "per_round_medians": {c: [sig(statistics.median(run["times"])) for run in got[c]]
                               for c in CHOICES},
         "rss_mb": {c: [round(run["rss_mb"]) for run in got[c]] for c in CHOICES},
@@ -152,8 +168,10 @@ def main():
         **shape, "stop_tokens": args.stop_tokens, "reps": args.reps, "rounds": args.rounds,
         "reduced": args.reduced,
         "load_avg_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
-    print(f"{sampler}: rule {result['segments_rule']} segment(s) {median['rule']:.3f} s, "
-          f"always {result['segments_always']} {median['always']:.3f} s; peak RSS "
+    drain = result["drain_sizes"]
+    print(f"{sampler}: rule {result['segments_rule']} segment(s), drain {drain['rule']}: "
+          f"{median['rule']:.3f} s; other {result['segments_always']}, {drain['always']}: "
+          f"{median['always']:.3f} s; peak RSS "
           f"{result['rss_mb']}; compile {result['compile_s']}", flush=True)
     print("RESULT " + json.dumps(result), flush=True)
 

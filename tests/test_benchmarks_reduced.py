@@ -218,3 +218,16 @@ def test_decode_segments():
     assert r["segments_rule"] == r["segments_always"] == 1
     assert r["same_lengths"] and 1 <= r["length_mean"] <= r["length_max"] <= 32
     assert set(r["rss_mb"]) == set(r["compile_s"]) == {"rule", "always"}
+    assert r["compare"] == "segments"
+    assert r["drain_sizes"] == ({"rule": None, "always": None} if sampler == "static"
+                                else {"rule": [], "always": []})   # 2 rows, at most 1 live
+
+
+def test_decode_segments_drain():
+  """--compare drain: 2 rows resident, so a drain level of 1 slot only below the minimum."""
+  r = run_bench("decode_segments.py", "--reduced", "--compare", "drain",
+                "--samplers", "continuous")["decode_seconds_continuous"]
+  assert r["compare"] == "drain" and r["reduced"]
+  assert r["drain_sizes"] == {"rule": [], "always": [1]}
+  assert _close(r["ratio"], r["peer"] / r["rljax"])
+  assert r["same_lengths"] and 1 <= r["length_max"] <= 32

@@ -11,7 +11,7 @@ from tolerances import assert_close_f32
 from rljax.models import Decoder
 from rljax.models.testing import perturb_params, tiny_config
 from rljax.parallel import make_mesh
-from rljax.sampling import SamplingParams, compile_count, generate
+from rljax.sampling import SamplingParams, compile_count, generate, slot_loop
 from rljax.sampling.continuous import generate_continuous
 from rljax.sampling.decode import shared_prefill
 
@@ -125,16 +125,49 @@ def _loops(jaxpr) -> list[int]:
   return out
 
 
-@pytest.mark.parametrize("slots, want", [(8, [0, 0, 0, 0]), (2, [0, 1, 0, 1, 0, 1])],
+@pytest.mark.parametrize("slots, want", [(8, [0, 0]), (2, [0, 1, 0, 1])],
                          ids=["resident", "queue"])
 def test_resident_rows_compile_no_insert(model, slots, want):
   """Every row resident: nothing ever waits for a slot, so the program is the decode
   segments and the drain levels, with no insert loop (each with a prefill) in the drain
   (it made the compile's memory peak, 1,004 -> 865 MB at the toy shape); queued rows keep
-  theirs. 4 prompts x 2 samples, 10 tokens: one decode segment and drain levels 4, 2, 1
-  (resident); the queue loop and drain levels 2, 1, each with its insert loop (queue)."""
+  theirs. 4 prompts x 2 samples, 10 tokens: one decode segment and drain level 4
+  (resident); the queue loop and the loop at its 2 slots once none waits, each with its
+  insert loop (queue; no drain level below `MIN_DRAIN_SLOTS`)."""
   sampling = SamplingParams(max_new_tokens=10, n=2, stop_tokens=(5,))
   tokens, mask = _prompts(b=4)
   jaxpr = jax.make_jaxpr(lambda: generate_continuous(
       model, tokens, mask, sampling=sampling, rng=jax.random.key(0), slots=slots).tokens)()
   assert sorted(_loops(jaxpr)) == sorted(want)
+
+
+@pytest.mark.parametrize("size, queued", [(s, q) for s in range(0, 70) for q in (False, True)])
+def test_drain_sizes_halve_down_to_the_minimum(size, queued):
+  """The loops after the resident phase, written out: the first at `size` (the queue's own
+  loop always; a drain level only from MIN_DRAIN_SLOTS slots), then each half while it
+  keeps MIN_DRAIN_SLOTS slots, DRAIN_LEVELS loops at most."""
+  want, s = [], size
+  if size >= 1 and (queued or size >= slot_loop.MIN_DRAIN_SLOTS):
+    want.append(size)
+    while len(want) < slot_loop.DRAIN_LEVELS and s // 2 >= slot_loop.MIN_DRAIN_SLOTS:
+      s //= 2
+      want.append(s)
+  assert slot_loop.drain_sizes(size, queued=queued) == want
+  if size == 64:
+    assert want == [64, 32, 16, 8]
+  if size == 4 and not queued:   # Qwen2.5-0.5B x 8 rows resident: one drain level
+    assert want == [4]
+
+
+@pytest.mark.parametrize("rows", [2, 3, 6])
+def test_resident_rows_below_the_drain_minimum_decode_to_the_end(model, rows):
+  """With fewer than 2 x MIN_DRAIN_SLOTS rows resident there is no drain level: the static
+  decode runs until every row stops, and the rows are the static sampler's."""
+  sampling = SamplingParams(max_new_tokens=12, stop_tokens=tuple(range(5, 60, 3)))
+  tokens, mask = _prompts(b=rows)
+  cont = generate_continuous(model, tokens, mask, sampling=sampling, rng=jax.random.key(3),
+                             slots=rows)
+  static = generate(model, tokens, mask, sampling=sampling, rng=jax.random.key(3))
+  _same(cont, static)
+  lengths = np.asarray(cont.mask).sum(1)
+  assert len(set(lengths.tolist())) > 1, "the rows should stop apart"
