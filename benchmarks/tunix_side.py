@@ -19,8 +19,9 @@ import time
 import numpy as np
 from grpo_vs_trl import TRL_LOSS, emit, host_memory, wait_command
 from real_shapes import sampler_config
-from workload import pin_cpus, process_usage, prompt_ids, rss_peak_mb, usage_since
+from workload import pin_cpus, process_usage, prompt_ids, rss_mb, rss_peak_mb, usage_since
 
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"   # jax.monitoring's
 # Tunix loss_agg_mode -> rljax aggregation mode (tests/test_tunix_losses.py checks them)
 LOSS_AGG = {"sequence-mean-token-mean": "seq_mean_token_mean", "token-mean": "token_mean"}
 TUNIX_AGG = {v: k for k, v in LOSS_AGG.items()}
@@ -222,11 +223,14 @@ def _drive(learner, cluster, nnx) -> None:
 
   generate, update = learner._generate_and_compute_advantage, cluster.update_actor
   step = {}
+  compiles = [0]   # XLA compilations so far: a timed iteration that compiles is a warm-up
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, _secs, **_: compiles.__setitem__(0, compiles[0] + (event == COMPILE_EVENT)))
 
   def timed_generate(*args, **kwargs):
     if wait_command() != "step":
       raise RuntimeError("the parent stopped before Tunix's last step")
-    step.update(t0=time.perf_counter(), usage=process_usage())
+    step.update(t0=time.perf_counter(), usage=process_usage(), compiles=compiles[0])
     out = generate(*args, **kwargs)
     jax.block_until_ready((out.completion_ids, out.advantages))
     step.update(t1=time.perf_counter(), example=out)
@@ -240,7 +244,8 @@ def _drive(learner, cluster, nnx) -> None:
     out = {"generate": step["t1"] - step["t0"], "update": t3 - t2, "total": t3 - step["t0"],
            **usage_since(step["usage"]),
            "tokens": int(np.asarray(step["example"].completion_mask).sum()),
-           "optimizer_steps": int(cluster.actor_trainer.train_steps)}
+           "optimizer_steps": int(cluster.actor_trainer.train_steps),
+           "compiles": compiles[0] - step["compiles"], "rss_mb": round(rss_mb())}
     ex = step["example"]
     jax.block_until_ready(cluster.get_old_per_token_logps(ex.prompt_ids, ex.completion_ids))
     out["old_logp"] = time.perf_counter() - t3

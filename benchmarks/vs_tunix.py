@@ -216,6 +216,9 @@ def run_grpo(model_dir: str, args) -> list[dict]:
       config={k: cfg[k] for k in ("prompts", "group", "completions", "prompt_len",
                                   "new_tokens", "loss_agg", "dtype", "optimizer", "lr")},
       completion_tokens=runs["tunix"]["steps"][-1]["tokens"], shape=args.shape,
+      # XLA compilations inside Tunix's timed iterations (0: they are steady state)
+      peer_timed_compiles=sum(s["compiles"] for s in runs["tunix"]["steps"][args.warmup:]),
+      peer_rss_after_steps_mb=[s["rss_mb"] for s in runs["tunix"]["steps"]],
       reps=args.reps, warmup=args.warmup, schedule=args.schedule, threads=cfg["threads"],
       tunix_version=runs["tunix"]["config"]["tunix"], matmul_gflops=args.roofline,
       note="Tunix's generate includes its rewards and advantages, rljax's update its "

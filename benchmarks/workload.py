@@ -177,6 +177,15 @@ def rss_peak_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def rss_mb() -> float:
+  """This process's resident set now (Linux `/proc/self/statm`; 0 elsewhere)."""
+  try:
+    with open("/proc/self/statm") as f:
+      return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+  except OSError:
+    return 0.0
+
+
 def process_usage() -> dict:
   """This process's CPU seconds (user + system), system seconds and minor page faults so
   far, all threads (floats, so that step summaries take their medians)."""

@@ -84,3 +84,6 @@ def test_reduced_run():
   # (Tunix's total also holds the hand-over between its rollout thread and its trainer)
   assert g["rljax"] == pytest.approx(g["rljax_generate"] + g["rljax_update"], rel=1e-2)
   assert g["peer"] >= (g["peer_generate"] + g["peer_update"]) * (1 - 1e-2)
+  # Tunix compiles its sampler on its first two calls: after the 2 warm-up iterations, none
+  assert g["peer_timed_compiles"] == 0
+  assert len(g["peer_rss_after_steps_mb"]) == 4 and min(g["peer_rss_after_steps_mb"]) > 0
