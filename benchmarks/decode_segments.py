@@ -5,20 +5,21 @@ time of rljax's samplers.
 
 The static sampler decodes in up to 4 `while_loop`s over growing KV caches, each another
 copy of the decode step in the compiled program; `segment_count` keeps them only where the
-shorter caches save >= `MIN_SEGMENT_SAVING` of the decode steps' reads. The continuous
-sampler's drain levels (`rljax.sampling.slot_loop.drain_sizes`) are copies too; it stops
-halving at `MIN_DRAIN_SLOTS` slots. At Qwen2.5-0.5B's
+shorter caches save >= `MIN_SEGMENT_SAVING` of the decode steps' reads: at Qwen2.5-0.5B's
 shapes (the default: random weights of its architecture, built with transformers and saved
-as safetensors, or `--model-dir` of such a checkpoint) it picks one loop. This measures what
-that choice costs and saves, with rows that stop apart (`--stop-tokens` random ids end a
-completion; 0: every row runs to `--new-tokens`).
+as safetensors, or `--model-dir` of such a checkpoint) one loop. The continuous sampler's
+drain levels (`rljax.sampling.slot_loop.drain_sizes`) are copies too; it stops halving at
+`MIN_DRAIN_SLOTS` slots. This measures what each choice costs and saves, with rows that
+stop apart (`--stop-tokens` random ids end a completion; 0: every row runs to
+`--new-tokens`).
 
 Each (sampler, choice) runs in its own worker process (its own peak RSS, `ru_maxrss`):
 `precompile` on the abstract model, `load_hf`, one untimed call, `--reps` timed calls.
 `--rounds` rounds alternate the order of the two choices. The other choice sets
-`MIN_SEGMENT_SAVING = 0` (every saving pays) or `MIN_DRAIN_SLOTS = 1`. Workers run on
-XLA's CPU backend only (`JAX_PLATFORMS=cpu`: an installed libtpu would add ~95 MB each). Figures depend on the CPU's memory bandwidth
-(a decode step streams the weights) and on the load: compare within one run.
+`MIN_SEGMENT_SAVING = 0` (every saving pays) or `MIN_DRAIN_SLOTS = 1`. Workers run on XLA's
+CPU backend only (`JAX_PLATFORMS=cpu`: an installed libtpu would add ~95 MB to each).
+Figures depend on the CPU's memory bandwidth (a decode step streams the weights) and on the
+load: compare within one run.
 
     python benchmarks/decode_segments.py [--model-dir DIR] [--stop-tokens 2500] [--reps 5]
         [--compare segments|drain]

@@ -220,11 +220,12 @@ def test_decode_segments():
     assert set(r["rss_mb"]) == set(r["compile_s"]) == {"rule", "always"}
     assert r["compare"] == "segments"
     assert r["drain_sizes"] == ({"rule": None, "always": None} if sampler == "static"
-                                else {"rule": [], "always": []})   # 2 rows, at most 1 live
+                                else {"rule": [], "always": []})   # 2 rows: no 1-slot level
 
 
 def test_decode_segments_drain():
-  """--compare drain: 2 rows resident, so a drain level of 1 slot only below the minimum."""
+  """--compare drain: 2 rows resident; their drain level of 1 slot runs only when
+  MIN_DRAIN_SLOTS is 1 (the other choice)."""
   r = run_bench("decode_segments.py", "--reduced", "--compare", "drain",
                 "--samplers", "continuous")["decode_seconds_continuous"]
   assert r["compare"] == "drain" and r["reduced"]

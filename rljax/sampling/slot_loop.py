@@ -77,7 +77,8 @@ def slot_loop(model, tokens_rw, mask_rw, prompt_id_r, streams_r2, num_rows, rng,
 
   With slots < R, requests wait in a queue and are inserted as slots free. With slots ≥ R
   every request is resident from the start: the static sampler's batched prefill and
-  segmented decode run until half the rows have finished, then the drain takes over.
+  segmented decode run until half the rows have finished, then the drain takes over (to
+  the end when fewer than 2 x `MIN_DRAIN_SLOTS` rows leave no drain level).
   Either way, once nothing waits, live slots are compacted onto half as many slots each
   time at most half of them are live (`drain_sizes`: down to `MIN_DRAIN_SLOTS`), so the
   longest requests do not pay for a batch of finished ones.
@@ -265,9 +266,10 @@ class _Machinery:
 # the decode step in the program, hence the cap.
 DRAIN_LEVELS = 4
 # No drain level below this many slots: a decode step streams every weight whatever its
-# rows, so halving 4 -> 2 -> 1 saves little (at Qwen2.5-0.5B x 8 rows on a 2-core CPU,
-# levels 4, 2, 1 against 4 alone: 2.4 % faster with rows that stop apart) and each level is
-# another decode-step program (~50 MB resident and ~2.5 s of compilation there).
+# rows, so halving 4 -> 2 -> 1 saves only those rows' matmuls (nothing on an accelerator,
+# where a step of a few rows is bandwidth-bound; 4.3 % of a call whose rows stop apart at
+# Qwen2.5-0.5B x 8 rows on a 2-core CPU, benchmarks/decode_segments.py --compare drain),
+# while each level is another decode-step program (~50 MB resident, ~2.5 s of compilation).
 MIN_DRAIN_SLOTS = 4
 
 
