@@ -1,5 +1,7 @@
 """Logical-axis rules, meshes, sharded forward == unsharded, replicated-fraction check."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +20,7 @@ from rljax.parallel import (
     initialize_distributed,
     logical_to_mesh_spec,
     make_mesh,
+    mesh_axis_sizes,
     replicated_fraction,
     shard_model,
     sharding_report,
@@ -137,3 +140,32 @@ def test_initialize_distributed_single_process_is_noop(monkeypatch):
     monkeypatch.delenv(k, raising=False)
   assert initialize_distributed() is False
   assert initialize_distributed(num_processes=1) is False
+
+
+def _tilings(num_devices):
+  """Every (data, fsdp, tensor, expert) with positive sizes that tile `num_devices`."""
+  return {(d, f, t, e) for e in range(1, num_devices + 1) for d in range(1, num_devices + 1)
+          for f in range(1, num_devices + 1) for t in range(1, num_devices + 1)
+          if d * f * t * e == num_devices}
+
+
+@pytest.mark.parametrize("num_devices", [1, 6, 8])
+def test_mesh_axis_sizes_against_every_tiling(num_devices):
+  """The sizes it accepts are exactly those that tile the devices (at most one -1 standing
+  for a positive size that completes the product); every other request raises, naming a size."""
+  tilings = _tilings(num_devices)
+  choices = (-2, -1, 0, 1, 2, 3, 4, 8)
+  for data, fsdp, tensor in itertools.product(choices, repeat=3):
+    for expert in (0, 1, 2, 3, 4):
+      sizes = (data, fsdp, tensor)
+      fills = [tuple(v if v != -1 else fill for v in sizes) + (expert,)
+               for fill in range(1, num_devices + 1)]
+      valid = (sizes.count(-1) <= 1 and all(v >= 1 or v == -1 for v in sizes)
+               and any(f in tilings for f in fills))
+      if valid:
+        got = mesh_axis_sizes(data, fsdp, tensor, expert=expert, num_devices=num_devices)
+        assert tuple(got) + (expert,) in tilings and all(
+            g == v for g, v in zip(got, sizes) if v != -1), (sizes, expert, got)
+      else:
+        with pytest.raises(ValueError, match=r"^(data|fsdp|tensor|expert)"):
+          mesh_axis_sizes(data, fsdp, tensor, expert=expert, num_devices=num_devices)

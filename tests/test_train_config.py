@@ -1,6 +1,7 @@
 """Config loading, overrides and validation: every bad field is named."""
 
 import ast
+import itertools
 import pathlib
 
 import pytest
@@ -165,3 +166,28 @@ def test_optimizer_warmup_schedule():
   assert first_steps(0, 2) == pytest.approx([1.0, 1.0], rel=1e-6)
   assert first_steps(4, 6) == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0], rel=1e-6,
                                             abs=1e-9)
+
+
+def test_validation_accepts_a_mesh_exactly_when_make_mesh_builds_it():
+  """One rule for the mesh's sizes (`rljax.parallel.mesh_axis_sizes`): over 8 devices, a
+  `parallel` the validation accepts is one `make_mesh` builds, and one it refuses names a
+  `parallel.` field (the base config's micro-batch of 32 rows divides every batch split)."""
+  jax = pytest.importorskip("jax")
+  from rljax.parallel import make_mesh
+  if jax.device_count() != 8:
+    pytest.skip("needs the 8 simulated devices of tests/conftest.py")
+  for data, fsdp, tensor in itertools.product((-1, 0, 1, 2, 3, 4, 8), repeat=3):
+    c = base_config()
+    apply_overrides(c, {"parallel.data": data, "parallel.fsdp": fsdp, "parallel.tensor": tensor})
+    try:
+      validate(c)
+      accepted = True
+    except ConfigError as e:
+      accepted = False
+      assert all(p.startswith("parallel.") for p in e.problems), e.problems
+    try:
+      make_mesh(data, fsdp, tensor)
+      built = True
+    except ValueError:
+      built = False
+    assert accepted == built, (data, fsdp, tensor)

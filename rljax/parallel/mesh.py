@@ -67,11 +67,10 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, *, expert: int = 1
     ValueError: the sizes do not multiply to the number of devices, or expert < 1.
   """
   devices = list(jax.devices() if devices is None else devices)
-  if expert < 1:
-    raise ValueError(f"make_mesh: expert={expert} must be >= 1 (1: no expert axis)")
-  if len(devices) % expert:
-    raise ValueError(f"make_mesh: {len(devices)} devices not divisible by expert={expert}")
-  sizes = _axis_sizes([data, fsdp, tensor], len(devices) // expert)
+  try:
+    sizes = mesh_axis_sizes(data, fsdp, tensor, expert=expert, num_devices=len(devices))
+  except ValueError as e:
+    raise ValueError(f"make_mesh: {e}") from None
   if expert == 1:
     return _physical_mesh(tuple(sizes), MESH_AXES, devices)
   return _physical_mesh((sizes[0], sizes[1], expert, sizes[2]),
@@ -89,19 +88,37 @@ def _physical_mesh(shape, names, devices) -> Mesh:
     return Mesh(np.asarray(devices, dtype=object).reshape(shape), names, axis_types=axis_types)
 
 
-def _axis_sizes(sizes: list[int], num_devices: int) -> list[int]:
-  """[data, fsdp, tensor] with a -1 resolved so that they multiply to `num_devices`."""
-  if sizes.count(-1) > 1:
-    raise ValueError(f"make_mesh: at most one size may be -1, got {dict(zip(MESH_AXES, sizes))}")
-  known = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes:
-    if num_devices % known:
-      raise ValueError(f"make_mesh: {num_devices} devices not divisible by {known}")
-    sizes[sizes.index(-1)] = num_devices // known
-  if math.prod(sizes) != num_devices:
-    raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
-                     f"{num_devices} devices ({dict(zip(MESH_AXES, sizes))})")
-  return sizes
+def mesh_axis_sizes(data: int, fsdp: int, tensor: int, *, expert: int = 1,
+                    num_devices: int) -> list[int]:
+  """[data, fsdp, tensor] of a mesh over `num_devices` devices, the one rule `make_mesh` and
+  the config's validation apply: the expert axis takes its share first, then one of the
+  three sizes may be -1 ("all remaining devices") and they multiply to the rest.
+
+  Raises:
+    ValueError: a message that starts with the size at fault (`expert=3 does not divide
+      ...`), so that a caller can prefix where the sizes come from (`parallel.`).
+  """
+  if expert < 1:
+    raise ValueError(f"expert={expert} must be >= 1 (1: no expert axis)")
+  if num_devices % expert:
+    raise ValueError(f"expert={expert} does not divide the {num_devices} devices")
+  num_devices //= expert
+  sizes = dict(zip(MESH_AXES, (data, fsdp, tensor)))
+  for name, size in sizes.items():
+    if size == 0 or size < -1:
+      raise ValueError(f"{name}={size} must be >= 1, or -1 (all remaining devices)")
+  if list(sizes.values()).count(-1) > 1:
+    raise ValueError(f"{'=-1 and '.join(k for k, v in sizes.items() if v == -1)}=-1: at most "
+                     "one size may be -1 (all remaining devices)")
+  fixed = math.prod(v for v in sizes.values() if v > 0)
+  if -1 in sizes.values():
+    if num_devices % fixed:
+      raise ValueError(f"data*fsdp*tensor={fixed} (without the -1) does not divide the "
+                       f"{num_devices} devices ({sizes})")
+    sizes = {k: v if v > 0 else num_devices // fixed for k, v in sizes.items()}
+  elif fixed != num_devices:
+    raise ValueError(f"data*fsdp*tensor={fixed} must equal the {num_devices} devices ({sizes})")
+  return list(sizes.values())
 
 
 def batch_sharding(mesh: Mesh, ndim: int | None = None) -> NamedSharding:

@@ -143,11 +143,15 @@ class Parallel(Group):
   tensor: int = field(1, "tensor-parallel size")
   expert: int = field(1, "a MoE policy's experts split over an `expert` axis (1: none)",
                       "int >= 1")
-  num_devices: int = field(0, "devices used (0: all; per process: an equal share)")
+  num_devices: int = field(0, "devices used (per process: an equal share)", "int >= 0 (0: all)")
   sampler_devices: int = field(0, "N: the last N devices sample", "int >= 0 (0: colocated)")
   sampler_tensor: int = field(1, "tensor-parallel size of the sampler's own mesh")
 
   def check(self, c):
+    for name in ("data", "fsdp", "tensor"):
+      size = getattr(self, name)
+      c.need(isinstance(size, int) and (size >= 1 or size == -1), name,
+             "must be an int >= 1, or -1 (the remaining devices)")
     if isinstance(self.sampler_devices, int) and self.sampler_devices > 0:
       c.need(self.sampler_tensor >= 1 and not self.sampler_devices % self.sampler_tensor,
              "sampler_tensor", f"must divide parallel.sampler_devices={self.sampler_devices}")

@@ -15,13 +15,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import math
 import pathlib
 
 import jax
 from ml_collections import ConfigDict
 
-from rljax.parallel.mesh import select_devices
+from rljax.parallel.mesh import mesh_axis_sizes, select_devices
 from rljax.train.config import algo, groups, rules
 from rljax.train.config.defaults import (
     base_config,
@@ -149,9 +148,12 @@ def _check_devices(errors, config, num_devices):
   """parallel.num_devices and the sampler's own devices against the devices there are."""
   available = jax.device_count() if num_devices is None else num_devices
   requested = config.parallel.num_devices
-  if requested < 0 or requested > available:
+  if not isinstance(requested, int) or requested < 0:
+    return   # parallel.num_devices' own check names it
+  if requested > available:
     errors.append(f"parallel.num_devices={requested} must be in [0, {available}] (0: all devices)")
-  elif requested and num_devices is None and jax.process_count() > 1:
+    return
+  if requested and num_devices is None and jax.process_count() > 1:
     try:   # several processes: each must contribute the same number of its devices
       select_devices(requested)
     except ValueError as e:
@@ -167,26 +169,19 @@ def _check_devices(errors, config, num_devices):
 
 
 def _mesh_problem(c, num_devices) -> str | None:
-  """What keeps `parallel`'s sizes from tiling `num_devices` and the micro-batch; None if fine."""
+  """What keeps `parallel`'s sizes from tiling `num_devices` and the micro-batch (the rule of
+  `rljax.parallel.mesh_axis_sizes`, which `make_mesh` applies); None if fine."""
   p = c.parallel
-  if p.expert > 1:   # the expert axis takes its share first (`rljax.parallel.make_mesh`)
-    if num_devices % p.expert:
-      return f"parallel.expert={p.expert} does not divide the {num_devices} devices"
-    num_devices //= p.expert
-  sizes = [p.data, p.fsdp, p.tensor]
-  if sum(1 for v in sizes if v == -1) > 1 or any(v == 0 or v < -1 for v in sizes):
-    return (f"parallel=(data={p.data}, fsdp={p.fsdp}, tensor={p.tensor}): each must be "
-            ">= 1, at most one may be -1 (all remaining devices)")
-  fixed = math.prod(v for v in sizes if v > 0)
-  if num_devices % fixed:
-    return f"parallel: fsdp*tensor*data={fixed} does not divide the {num_devices} devices"
-  sizes = [v if v > 0 else num_devices // fixed for v in sizes]   # -1: the remaining devices
-  if math.prod(sizes) != num_devices:
-    return f"parallel: data*fsdp*tensor={math.prod(sizes)} must equal the {num_devices} devices"
-  batch_axes = sizes[0] * sizes[1]
+  if any(problems(groups.Parallel, c)):
+    return None   # the fields' own checks name them
+  try:
+    data, fsdp, _ = mesh_axis_sizes(p.data, p.fsdp, p.tensor, expert=max(p.expert, 1),
+                                    num_devices=num_devices)
+  except ValueError as e:
+    return f"parallel.{e}"
   split = max(c.algo.minibatches, 1) * max(c.algo.microbatches, 1)
   micro = max(c.sampling.prompts_per_iteration * c.sampling.n, 0) // split
-  if micro % batch_axes:
+  if micro % (data * fsdp):
     return (f"the micro-batch of {micro} sequences is not divisible by the data*fsdp="
-            f"{batch_axes} mesh axes (parallel.data / parallel.fsdp)")
+            f"{data * fsdp} mesh axes (parallel.data / parallel.fsdp)")
   return None
