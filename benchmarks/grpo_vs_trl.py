@@ -101,6 +101,7 @@ from workload import (
   rljax_cpu_devices,
   rss_peak_mb,
   save_hf,
+  scratch_dir,
   sig,
   usage_since,
   word_tokenizer,
@@ -287,7 +288,7 @@ def trl_worker(spec: dict) -> None:
     return [float(x) for x in rng.random(len(completions))]
 
   kwargs = dict(
-      output_dir=tempfile.mkdtemp(prefix="trl_bench_"), use_cpu=True, report_to="none",
+      output_dir=scratch_dir("trl_bench_"), use_cpu=True, report_to="none",
       save_strategy="no", logging_strategy="no", disable_tqdm=True, max_steps=spec["steps"],
       per_device_train_batch_size=spec["prompts"] * spec["group"],
       gradient_accumulation_steps=1, num_generations=spec["group"],

@@ -31,7 +31,8 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
+
+from workload import rss_mb, scratch_dir
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCHEDULERS = {"memory": "false", "concurrency": "true"}
@@ -52,7 +53,7 @@ def _config(a, seq, **extra):
           "model.head_dim": a.head_dim, "model.max_position_embeddings": seq + 64,
           "sampling.max_new_tokens": seq - a.prompt, "sampling.prompts_per_iteration": 2,
           "sampling.n": a.batch // 2, "algo.minibatches": 1, "parallel.num_devices": 1,
-          "sft.steps": 0, "run.dir": tempfile.mkdtemp(prefix="rljax-mem-")}
+          "sft.steps": 0, "run.dir": scratch_dir("rljax-mem-")}
   over.update(extra)
   return load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
 
@@ -235,8 +236,7 @@ def _rss_child(a):
   compiled = trainer.update_step.lower(state, mb, train).compile()
   est = _stats(compiled)
   jax.block_until_ready((state, mb))
-  page = os.sysconf("SC_PAGE_SIZE")
-  rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page  # noqa: E731
+  rss = lambda: rss_mb() * 2 ** 20  # noqa: E731   (bytes, as XLA's figures)
   before, peak, done = rss(), [0], threading.Event()
 
   def poll():

@@ -28,8 +28,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
+
+from workload import scratch_dir
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SHAPE = dict(rows=64, prompt=32, completion=256, vocab=512, width=256, mlp=768, layers=4,
@@ -53,7 +54,7 @@ def _setup(pack: bool, shape: dict):
           "sampling.prompts_per_iteration": shape["prompts"], "sampling.n": shape["n"],
           "algo.minibatches": 1, "algo.epochs": 1, "parallel.num_devices": 1,
           "sft.steps": 0, "algo.pack_sequences": pack,
-          "run.dir": tempfile.mkdtemp(prefix="rljax-pack-")}
+          "run.dir": scratch_dir("rljax-pack-")}
   config = load_config(os.path.join(ROOT, "experiments", "grpo.py"), over)
   run = build(config)
   state = run.params.init_state(run.params.initial_actor)

@@ -40,10 +40,9 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 
-from workload import REDUCED, REDUCED_HF_CONFIG
+from workload import REDUCED, REDUCED_HF_CONFIG, scratch_dir
 
 SHAPES = {
     "toy": dict(layers=4, width=256, heads=4, kv_heads=2, head_dim=64, intermediate=768,
@@ -301,7 +300,7 @@ def main():
     args.shape, args.what, args.reps = "reduced", "decode2,update", 1
   shape = dict(SHAPES[args.shape])
   shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
-  dump_dir = tempfile.mkdtemp(prefix="rljax_hlo_")
+  dump_dir = scratch_dir("rljax_hlo_")
   os.environ["XLA_FLAGS"] = " ".join(filter(None, [
       os.environ.get("XLA_FLAGS", ""), f"--xla_dump_to={dump_dir}", "--xla_dump_hlo_as_text"]))
   os.environ["JAX_NUM_CPU_DEVICES"] = str(args.devices)
@@ -362,7 +361,7 @@ def main():
     fn()
     roof_n = REDUCED_ROOFLINE["n"] if args.reduced else 1024
     roof = matmul_roofline(**REDUCED_ROOFLINE) if args.reduced else matmul_roofline()
-    ops, walls = profile(fn, args.reps, tempfile.mkdtemp(prefix="rljax_trace_"))
+    ops, walls = profile(fn, args.reps, scratch_dir("rljax_trace_"))
     results[what] = report(title, attribute(ops, dump_dir), walls, args.top)
     results[what]["roofline_gflops"] = round(roof, 1)
     print(f"({roof_n}³ fp32 matmul before the trace: {roof:.0f} GFLOP/s)")

@@ -11,8 +11,10 @@ comparison uses (CPU pinning, thread counts, peak RSS, CPU seconds, the matmul r
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -175,6 +177,13 @@ def rss_peak_mb() -> float:
   import resource
 
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def scratch_dir(prefix: str) -> str:
+  """A new temporary directory, removed when this process exits (a benchmark's run.dir)."""
+  path = tempfile.mkdtemp(prefix=prefix)
+  atexit.register(shutil.rmtree, path, ignore_errors=True)
+  return path
 
 
 def rss_mb() -> float:

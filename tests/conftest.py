@@ -13,11 +13,15 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 # One persistent compilation cache per test session (inherited by subprocesses): the
-# end-to-end tests compile the same tiny programs many times.
+# end-to-end tests compile the same tiny programs many times. The process that made it
+# (pytest's controller; xdist's workers inherit it) removes it when it exits (~135 MB).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
   import tempfile
 
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rljax-jax-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
   os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
