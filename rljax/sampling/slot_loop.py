@@ -267,8 +267,9 @@ class _Machinery:
 DRAIN_LEVELS = 4
 # No drain level below this many slots: a decode step streams every weight whatever its
 # rows, so halving 4 -> 2 -> 1 saves only those rows' matmuls (nothing on an accelerator,
-# where a step of a few rows is bandwidth-bound; 4.3 % of a call whose rows stop apart at
-# Qwen2.5-0.5B x 8 rows on a 2-core CPU, benchmarks/decode_segments.py --compare drain),
+# where a step of a few rows is bandwidth-bound; on a 2-core CPU, a call whose rows stop
+# apart at Qwen2.5-0.5B x 8 rows: +3.9 % paired over 3 rounds, 95 % CI -2.5 to +10.3 %,
+# benchmarks/decode_segments.py --compare drain),
 # while each level is another decode-step program (~50 MB resident, ~2.5 s of compilation).
 MIN_DRAIN_SLOTS = 4
 
