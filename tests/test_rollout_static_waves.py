@@ -15,7 +15,7 @@ from rljax.models.testing import perturb_params, tiny_config
 from rljax.parallel import BATCH_AXES, make_mesh
 from rljax.sampling import SamplingParams, generate_rows
 from rljax.sampling.streams import default_streams
-from rljax.train.rollout.single_turn import in_waves, static_waves
+from rljax.train.rollout.single_turn import in_waves, static_waves, wave_rows
 
 N, PROMPTS, WIDTH = 4, 4, 7
 SAMPLING = SamplingParams(max_new_tokens=10, n=N, stop_tokens=(5, 7, 9))
@@ -47,13 +47,41 @@ def test_waves_of_rows_give_every_row_its_tokens():
   assert out.tokens.sharding.is_equivalent_to(whole.tokens.sharding, 2)
 
 
-@pytest.mark.parametrize("slots, rows, shards, waves", [(0, 64, 4, 1), (64, 64, 4, 1),
-                                                        (16, 64, 4, 4), (256, 8192, 64, 32)])
+@pytest.mark.parametrize("slots, rows, shards, waves", [
+    (0, 64, 4, 1), (64, 64, 4, 1), (16, 64, 4, 4), (256, 8192, 64, 32),
+    (24, 64, 4, 3), (6, 64, 4, 16), (8, 12, 1, 2), (3, 8, 4, 2)])
 def test_static_waves(slots, rows, shards, waves):
+  """At most `slots` rows a wave (a multiple of the shards, >= one row each), every shard's
+  rows in the fewest such waves."""
   assert static_waves(slots, rows, shards) == waves
+  size = wave_rows(waves, rows, shards)
+  assert size % shards == 0 and size * waves >= rows
+  assert waves == 1 or size <= max(slots, shards)
 
 
-@pytest.mark.parametrize("slots", [6, 24])   # not a multiple of the 4 shards; not dividing 64
-def test_static_waves_that_do_not_split_the_rows_name_the_field(slots):
-  with pytest.raises(ValueError, match="sampling.slots"):
-    static_waves(slots, 64, 4)
+@pytest.mark.parametrize("slots, prompts, shards", [(8, 5, 1), (8, 5, 2), (6, 7, 1), (6, 4, 2)])
+def test_uneven_waves_pad_and_give_every_row_its_tokens(slots, prompts, shards):
+  """Waves that do not split the rows evenly (e.g. 20 rows with slots=8: 3 waves of 7) repeat
+  a shard's last row and drop it again: each row's tokens as when all decode at once."""
+  model = perturb_params(Decoder(tiny_config(), rngs=nnx.Rngs(0)), scale=0.3)
+  mesh = make_mesh(data=shards, devices=jax.devices()[:shards])
+  rng = np.random.default_rng(1)
+  lengths = rng.integers(1, WIDTH + 1, prompts)
+  mask = (np.arange(WIDTH)[None] >= WIDTH - lengths[:, None]).astype(np.int32)
+  tokens = (rng.integers(3, 97, (prompts, WIDTH)) * mask).astype(np.int32)
+  rows = NamedSharding(mesh, P(BATCH_AXES))
+  put = lambda x: jax.device_put(np.repeat(x, N, axis=0), rows)  # noqa: E731
+  streams = jax.device_put(default_streams(prompts * N, N), rows)
+
+  def sample(t, m, s):
+    return generate_rows(model, t, m, sampling=SAMPLING, rng=jax.random.key(2), streams=s,
+                         share_prefill=False)
+  whole = sample(put(tokens), put(mask), streams)
+  waves = static_waves(slots, prompts * N, shards)
+  assert waves > 1 and (prompts * N // shards) % (wave_rows(waves, prompts * N, shards)
+                                                  // shards)   # uneven: padded
+  out = in_waves(sample, waves, shards, put(tokens), put(mask), streams)
+  assert out.tokens.shape == whole.tokens.shape
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(whole.tokens))
+  np.testing.assert_array_equal(np.asarray(out.truncated), np.asarray(whole.truncated))
+  assert_close_f32(out.logp, whole.logp, ulps=256)

@@ -31,7 +31,7 @@ from rljax.train.params import Params, Teacher, TrainState
 from rljax.train.params.offload import HOST_MEMORY_KIND
 from rljax.train.params.state import optimizer_shardings
 from rljax.train.params.teacher import is_run_dir
-from rljax.train.rollout.single_turn import static_waves
+from rljax.train.rollout.single_turn import static_waves, wave_rows
 from rljax.train.run import task_and_models
 from rljax.train.run.build import meshes
 
@@ -171,10 +171,7 @@ def _shapes(config, specs: Specs, prompt_len: int, sampler_mesh) -> Shapes:
   if specs.rollout.continuous:
     decode = max(shards, min(requests, slots) // shards * shards) if slots else requests
   else:   # the static sampler's waves (`rljax.train.rollout.single_turn.static_waves`)
-    try:
-      decode = requests // static_waves(slots, requests, shards)
-    except ValueError as e:
-      raise ConfigError(str(e)) from e
+    decode = wave_rows(static_waves(slots, requests, shards), requests, shards)
   return Shapes(rows=rows, prompt_len=prompt_len,
                 sampler_prompt_len=buckets.round_up(prompt_len, "pow2"),
                 response_len=specs.rollout.max_new_tokens, minibatch=rows // s.minibatches,

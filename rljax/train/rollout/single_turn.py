@@ -115,7 +115,9 @@ class SingleTurn:
             share_prefill=share, mesh=ctx.mesh, streams=streams, sampler_dtype=dtype)
       shards = batch_shards(ctx.mesh)
       waves = static_waves(self.slots, rows, shards)
-      share = share and rows // waves // shards % sampling.n == 0   # whole groups per wave
+      # whole groups in every wave of every shard (padding repeats a shard's last prompt)
+      share = share and not (rows // shards) % sampling.n and not (
+          wave_rows(waves, rows, shards) // shards % sampling.n)
       return in_waves(
           lambda t, m, st: generate_rows(model, t, m, sampling=sampling, rng=rng,
                                          share_prefill=share, streams=st, mesh=ctx.mesh,
@@ -167,33 +169,42 @@ class SingleTurn:
 
 def static_waves(slots: int, rows: int, shards: int) -> int:
   """Waves the static sampler decodes `rows` rows in with `sampling.slots` = `slots` (0: one
-  wave): each wave holds `slots` rows, an equal share of every batch shard's rows, so that
-  only one wave's KV cache is resident. A wave that splits a prompt's n samples prefills
-  each row itself (no shared prefill).
-
-  Raises:
-    ValueError: `slots` does not split the rows so (names `sampling.slots`).
-  """
+  wave): each wave holds at most `slots` rows (rounded down to a multiple of the batch
+  shards, at least one row per shard), an equal share of every shard's rows, so that only
+  one wave's KV cache is resident. Waves that do not split a shard's rows evenly are padded
+  (`in_waves`). A wave that splits a prompt's n samples prefills each row itself."""
   if not slots or slots >= rows:
     return 1
-  if slots % shards or rows % slots:
-    raise ValueError(f"sampling.slots={slots} with the static sampler (waves of rows) must be "
-                     f"a multiple of the {shards} batch shards that divides the {rows} rows")
-  return rows // slots
+  return -(-(rows // shards) // max(1, slots // shards))
+
+
+def wave_rows(waves: int, rows: int, shards: int) -> int:
+  """Rows of one of `waves` waves over `rows` rows (all shards; padding included)."""
+  return -(-(rows // shards) // waves) * shards
 
 
 def in_waves(fn, waves: int, shards: int, *rows):
   """`fn(*rows)` run over `waves` waves of the rows, results put back in row order: wave w
   takes the w-th contiguous block of every batch shard's rows (each shard decodes its own
-  rows; a row's tokens depend only on its own random stream, not on its wave)."""
+  rows; a row's tokens depend only on its own random stream, not on its wave). When the
+  waves do not split a shard's rows evenly, its last row is repeated to fill the last wave
+  and those copies' results are dropped."""
   if waves == 1:
     return fn(*rows)
+  per_shard = rows[0].shape[0] // shards
+  size = wave_rows(waves, rows[0].shape[0], shards) // shards
+  extra = waves * size - per_shard
+
+  def padded(x):   # [shards, waves * size, ...]
+    x = x.reshape((shards, per_shard) + x.shape[1:])
+    return jnp.concatenate([x, jnp.repeat(x[:, -1:], extra, axis=1)], axis=1) if extra else x
 
   def wave(x, w):
-    return x.reshape((shards, waves, -1) + x.shape[1:])[:, w].reshape((-1,) + x.shape[1:])
+    return x[:, w * size:(w + 1) * size].reshape((-1,) + x.shape[2:])
 
   def merge(*xs):
-    blocks = [x.reshape((shards, 1, -1) + x.shape[1:]) for x in xs]
-    return jnp.concatenate(blocks, axis=1).reshape((-1,) + xs[0].shape[1:])
+    blocks = jnp.concatenate([x.reshape((shards, size) + x.shape[1:]) for x in xs], axis=1)
+    return blocks[:, :per_shard].reshape((-1,) + xs[0].shape[1:])
+  rows = [padded(x) for x in rows]
   return jax.tree.map(merge, *[fn(*[wave(x, w) for x in rows]) for w in range(waves)])
 
