@@ -236,7 +236,7 @@ def _rss_child(a):
   compiled = trainer.update_step.lower(state, mb, train).compile()
   est = _stats(compiled)
   jax.block_until_ready((state, mb))
-  rss = lambda: rss_mb() * 2 ** 20  # noqa: E731   (bytes, as XLA's figures)
+  rss = lambda: round(rss_mb() * 2 ** 20)  # noqa: E731   (bytes, as XLA's figures)
   before, peak, done = rss(), [0], threading.Event()
 
   def poll():
