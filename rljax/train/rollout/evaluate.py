@@ -32,7 +32,7 @@ def _greedy_and_sampled(rollouts, model, prompts, rng, n, temperature, batch_siz
   """(greedy correct [N], sampled correct counts [N] of n, format [N], lengths [N], tool use
   [N] or None) over `prompts`, in chunks of `batch_size` prompts."""
   greedy = rollouts.ctx.sampling.replace(greedy=True, n=1)
-  sampled = rollouts.ctx.sampling.replace(n=n, temperature=temperature)
+  sampled = rollouts.ctx.sampling.replace(n=n, temperature=temperature) if n > 0 else None
   acc, fmt, lengths, correct, tools = [], [], [], [], []
   keys = jax.random.split(rng, (len(prompts) + batch_size - 1) // batch_size)
   for i, start in enumerate(range(0, len(prompts), batch_size)):
