@@ -21,25 +21,32 @@ N, PROMPTS, WIDTH = 4, 4, 7
 SAMPLING = SamplingParams(max_new_tokens=10, n=N, stop_tokens=(5, 7, 9))
 
 
-def test_waves_of_rows_give_every_row_its_tokens():
+def _rows_and_sampler(prompts, mesh, seed):
+  """(tokens, mask, streams) of `prompts` random prompts' N samples placed on `mesh`'s
+  batch axes, and a sampler of those rows by a tiny perturbed decoder."""
   model = perturb_params(Decoder(tiny_config(), rngs=nnx.Rngs(0)), scale=0.3)
-  mesh = make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(1, WIDTH + 1, PROMPTS)
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, WIDTH + 1, prompts)
   mask = (np.arange(WIDTH)[None] >= WIDTH - lengths[:, None]).astype(np.int32)
-  tokens = (rng.integers(3, 97, (PROMPTS, WIDTH)) * mask).astype(np.int32)
+  tokens = (rng.integers(3, 97, (prompts, WIDTH)) * mask).astype(np.int32)
   rows = NamedSharding(mesh, P(BATCH_AXES))
   put = lambda x: jax.device_put(np.repeat(x, N, axis=0), rows)  # noqa: E731
-  streams = jax.device_put(default_streams(PROMPTS * N, N), rows)
+  streams = jax.device_put(default_streams(prompts * N, N), rows)
 
-  def sample(t, m, s, share=False):
-    return generate_rows(model, t, m, sampling=SAMPLING, rng=jax.random.key(1), streams=s,
-                         share_prefill=share)
-  whole = sample(put(tokens), put(mask), streams)
+  def sample(t, m, s):
+    return generate_rows(model, t, m, sampling=SAMPLING, rng=jax.random.key(seed + 1),
+                         streams=s, share_prefill=False)
+  return (put(tokens), put(mask), streams), sample
+
+
+def test_waves_of_rows_give_every_row_its_tokens():
+  rows, sample = _rows_and_sampler(PROMPTS, make_mesh(data=2, fsdp=2,
+                                                      devices=jax.devices()[:4]), 0)
+  whole = sample(*rows)
   waves = static_waves(8, PROMPTS * N, 4)
   assert waves == 2
   # 2 rows per shard per wave: a wave splits each prompt's 4 samples (prefill per row)
-  out = in_waves(sample, waves, 4, put(tokens), put(mask), streams)
+  out = in_waves(sample, waves, 4, *rows)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(whole.tokens))
   np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(whole.mask))
   assert_close_f32(out.logp, whole.logp, ulps=256)
@@ -63,24 +70,13 @@ def test_static_waves(slots, rows, shards, waves):
 def test_uneven_waves_pad_and_give_every_row_its_tokens(slots, prompts, shards):
   """Waves that do not split the rows evenly (e.g. 20 rows with slots=8: 3 waves of 7) repeat
   a shard's last row and drop it again: each row's tokens as when all decode at once."""
-  model = perturb_params(Decoder(tiny_config(), rngs=nnx.Rngs(0)), scale=0.3)
-  mesh = make_mesh(data=shards, devices=jax.devices()[:shards])
-  rng = np.random.default_rng(1)
-  lengths = rng.integers(1, WIDTH + 1, prompts)
-  mask = (np.arange(WIDTH)[None] >= WIDTH - lengths[:, None]).astype(np.int32)
-  tokens = (rng.integers(3, 97, (prompts, WIDTH)) * mask).astype(np.int32)
-  rows = NamedSharding(mesh, P(BATCH_AXES))
-  put = lambda x: jax.device_put(np.repeat(x, N, axis=0), rows)  # noqa: E731
-  streams = jax.device_put(default_streams(prompts * N, N), rows)
-
-  def sample(t, m, s):
-    return generate_rows(model, t, m, sampling=SAMPLING, rng=jax.random.key(2), streams=s,
-                         share_prefill=False)
-  whole = sample(put(tokens), put(mask), streams)
+  rows, sample = _rows_and_sampler(prompts, make_mesh(data=shards,
+                                                      devices=jax.devices()[:shards]), 1)
+  whole = sample(*rows)
   waves = static_waves(slots, prompts * N, shards)
   assert waves > 1 and (prompts * N // shards) % (wave_rows(waves, prompts * N, shards)
                                                   // shards)   # uneven: padded
-  out = in_waves(sample, waves, shards, put(tokens), put(mask), streams)
+  out = in_waves(sample, waves, shards, *rows)
   assert out.tokens.shape == whole.tokens.shape
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(whole.tokens))
   np.testing.assert_array_equal(np.asarray(out.truncated), np.asarray(whole.truncated))
