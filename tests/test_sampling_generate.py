@@ -1,5 +1,7 @@
 """generate(): teacher-forced log-probs, stop handling, determinism, buckets, mesh, bf16."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,3 +251,22 @@ def test_rejects_right_padded_or_empty_prompts(model):
   with pytest.raises(TypeError, match="SamplingParams"):
     generate(model, np.ones((1, 3), np.int32), np.ones((1, 3)), sampling=dict(max_new_tokens=2),
              rng=jax.random.key(0))
+
+
+@pytest.mark.parametrize("sampler", ["static", "continuous"])
+def test_rejects_token_ids_outside_the_vocabulary(model, sampler):
+  """An id >= V (or < 0) where the mask is 1 names the range; XLA's gather would clamp it to
+  another token's embedding silently. Padding positions may hold any id."""
+  from rljax.sampling.continuous import generate_continuous
+  sp = SamplingParams(max_new_tokens=2)
+  vocab = model.cfg.vocab_size
+  call = (functools.partial(generate_continuous, slots=2) if sampler == "continuous"
+          else generate)
+  mask = np.array([[0, 1, 1], [1, 1, 1]])
+  for bad in (vocab, -1):
+    tokens = np.array([[vocab + 5, 3, 4], [5, bad, 6]], np.int32)
+    with pytest.raises(ValueError, match=rf"vocabulary \[0, {vocab}\)"):
+      call(model, tokens, mask, sampling=sp, rng=jax.random.key(0))
+  ok = call(model, np.array([[vocab + 5, 3, 4], [5, vocab - 1, 6]], np.int32), mask, sampling=sp,
+            rng=jax.random.key(0))   # the padding position's id is not read
+  assert ok.tokens.shape == (2, 2)

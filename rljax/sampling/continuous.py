@@ -140,7 +140,7 @@ def generate_continuous(model: nnx.Module, prompt_tokens, prompt_mask, *,
     raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
   if int(slots) < 1:
     raise ValueError(f"slots={slots} must be >= 1")
-  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
+  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask, model)
   b, width = tokens_bp.shape
   shards = batch_shards(mesh)
   rows = buckets.round_up(b, batch_bucket, multiple_of=shards)

@@ -20,7 +20,10 @@ from rljax.models.stack_layout import per_layer_views
 from rljax.parallel import BATCH_AXES, state_shardings
 
 
-def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
+def check_prompts(prompt_tokens, prompt_mask, model=None) -> tuple[np.ndarray, np.ndarray]:
+  """The prompts as int32 NumPy arrays, after checking their shapes, dtype, left padding and
+  (with `model`) that every real token is an id of its vocabulary (XLA's gather would clamp
+  an id out of range into a wrong embedding, silently)."""
   tokens_bp = np.asarray(prompt_tokens)
   mask_bp = np.asarray(prompt_mask)
   if tokens_bp.ndim != 2 or tokens_bp.shape != mask_bp.shape or 0 in tokens_bp.shape:
@@ -33,6 +36,11 @@ def check_prompts(prompt_tokens, prompt_mask) -> tuple[np.ndarray, np.ndarray]:
     raise ValueError("every prompt needs at least one real token (prompt_mask row of zeros)")
   if (np.diff(mask_bp, axis=1) < 0).any():
     raise ValueError("prompts must be left-padded (prompt_mask 0...0 1...1 per row)")
+  vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+  real = tokens_bp[mask_bp > 0]
+  if vocab and (real.min() < 0 or real.max() >= vocab):
+    raise ValueError(f"prompt_tokens hold ids outside the model's vocabulary [0, {vocab}): "
+                     f"{int(real.min())} .. {int(real.max())} (where prompt_mask is 1)")
   return tokens_bp.astype(np.int32), mask_bp
 
 

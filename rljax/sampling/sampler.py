@@ -86,7 +86,7 @@ def generate(model: nnx.Module, prompt_tokens, prompt_mask, *, sampling: Samplin
   """
   if not isinstance(sampling, SamplingParams):
     raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask)
+  tokens_bp, mask_bp = check_prompts(prompt_tokens, prompt_mask, model)
   n = sampling.n
   tokens_bp, mask_bp = np.repeat(tokens_bp, n, axis=0), np.repeat(mask_bp, n, axis=0)
   rows, width = tokens_bp.shape
