@@ -22,6 +22,7 @@ EXPERIMENT = textwrap.dedent('''
       # a partial entry: the fields it leaves out take eval_set()'s defaults
       c.eval.sets.cold = ConfigDict(dict(source="heldout", size=4, greedy=False,
                                          temperature=0.5, k=2))
+      c.eval.sets.quick = eval_set("arithmetic:2", size=3, k=0)   # greedy only
       return c
 ''')
 
@@ -39,6 +40,9 @@ def test_two_named_sets_are_logged_by_name(tmp_path):
               "eval/hard/pass@3", "eval/cold/avg@2", "eval/cold/pass@2"):
     assert 0.0 <= record[key] <= 1.0, key
   assert "eval/cold/accuracy" not in record   # greedy=False: no greedy pass
+  # k=0: the greedy completion alone (a sampler with n=0 crashed the first evaluation)
+  assert 0.0 <= record["eval/quick/accuracy"] <= 1.0
+  assert not [k for k in record if k.startswith("eval/quick/") and "@" in k], sorted(record)
   assert record["eval/hard/response_length_mean"] > 0
   saved = json.loads((tmp_path / "run" / "result.json").read_text())
   assert saved == result
@@ -117,22 +121,3 @@ def test_a_set_that_shares_prompts_with_training_is_warned_about(tmp_path, capsy
   assert (f"eval.sets.again: {shared} of its 40 prompts are training prompts"
           in capsys.readouterr().out)
   assert training_overlap(run.heldout_prompts(), train_prompts) == 0
-
-
-def test_greedy_only_evaluation_runs_and_logs_no_sampled_metrics(tmp_path):
-  """k=0 (a set's) and sampling.eval_n=0 (the held-out set's) are valid: the greedy
-  completion alone is scored; avg@k and pass@k are left out (they crashed the run when its
-  first evaluation built a sampler with n=0)."""
-  config = base_config()
-  config.eval.sets.quick = eval_set("arithmetic:2", size=3, k=0)
-  apply = dict(MICRO, **{"run.dir": str(tmp_path / "run"), "run.iterations": 1,
-                         "run.eval_every": 1, "sampling.eval_n": 0, "sampling.eval_passk_n": 0})
-  for key, value in apply.items():
-    group, field = key.split(".")
-    config[group][field] = value
-  validate(config)
-  result = train(config)
-  record = read_records(tmp_path / "run")[0]
-  assert 0.0 <= record["eval/accuracy"] <= 1.0 and 0.0 <= record["eval/quick/accuracy"] <= 1.0
-  assert not [k for k in record if "avg@" in k or "pass@" in k], sorted(record)
-  assert 0.0 <= result["heldout_acc_after"] <= 1.0
